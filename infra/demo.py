@@ -1,0 +1,203 @@
+"""The README's first command: start the embedded stack, register the demo models, show how
+different targets pick different variants, then keep serving until Ctrl-C.
+
+    python -m infra.demo --port 8080
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import uvicorn
+from modelless.api import create_app
+from modelless.cli import format_table, load_app_key, progress_bar, save_app_key, variant_rows
+from modelless.client import Client, ModellessClientError
+
+from infra.local_stack import start_stack
+
+DEMO_APP = "digits"
+
+
+def ensure_app(client: Client, app_id: str) -> tuple[str, str]:
+    """Reuse the app (and its saved key) from an earlier run, or create it."""
+    key = load_app_key(app_id)
+    if key is None:
+        try:
+            key = client.create_app(app_id)
+        except ModellessClientError as error:
+            if error.status != 409:
+                raise
+            # The app outlived its saved key (e.g. Redis kept it): use a fresh app name.
+            app_id = f"{app_id}-{int(time.time())}"
+            key = client.create_app(app_id)
+        save_app_key(app_id, key)
+    return app_id, key
+
+
+def register_zoo(client: Client, app_id: str, zoo_dir: Path, manifest: dict[str, Any]) -> None:
+    ready = {m["model_name"] for m in client.models() if m["ready"]}
+    for model in manifest["models"]:
+        name = model["name"]
+        if name in ready:
+            print(f"  {name}: already registered")
+            continue
+        reply = client.register_model(name, zoo_dir / model["file"], zoo_dir / "valset.npz", app_id)
+        started = time.monotonic()
+
+        def show(status: dict[str, Any], name: str = name) -> None:
+            print(f"\r  {name}: {progress_bar(status)}"[:110].ljust(110), end="", flush=True)
+
+        final = client.wait_for_registration(reply["registrationId"], on_progress=show)
+        print(
+            f"\r  {name}: {final['status']}, {len(final['variantIds'])} variants in "
+            f"{time.monotonic() - started:.1f} s".ljust(110)
+        )
+        if final["status"] != "ready":
+            raise SystemExit(f"registration of {name} failed: {final['message']}")
+
+
+def demo_queries(client: Client, app_id: str, zoo_dir: Path) -> None:
+    variants = client.variants()
+    with np.load(zoo_dir / "testset.npz", allow_pickle=False) as test:
+        images, labels = test["inputs"], test["labels"]
+    fastest = min(variants, key=lambda v: v["latency_p99_ms"]["1"])
+    best = max(variants, key=lambda v: (v["accuracy"], -v["latency_p99_ms"]["1"]))
+    fast_budget = round(max(0.05, fastest["latency_p99_ms"]["1"] * 3), 3)
+    best_accuracy = float(best["accuracy"])
+    cases: list[tuple[str, dict[str, Any]]] = [
+        (
+            f"fast: <= {fast_budget} ms, accuracy >= {fastest['accuracy']:.2f}",
+            {"latency": fast_budget, "accuracy": float(fastest["accuracy"])},
+        ),
+        (
+            f"accurate: accuracy >= {best_accuracy:.3f}, <= 200 ms",
+            {"latency": 200.0, "accuracy": best_accuracy},
+        ),
+        (
+            "same fast targets again (now Active)",
+            {"latency": fast_budget, "accuracy": float(fastest["accuracy"])},
+        ),
+        ("same accurate targets again", {"latency": 200.0, "accuracy": best_accuracy}),
+        ("named model: digits-mlp", {"model_name": "digits-mlp"}),
+        (
+            f"impossible: accuracy >= {min(1.0, best_accuracy + 0.005):.3f} within {fast_budget} ms",
+            {"latency": fast_budget, "accuracy": min(1.0, best_accuracy + 0.005)},
+        ),
+    ]
+    rows = []
+    for index, (label, targets) in enumerate(cases):
+        sample = images[index]
+        try:
+            reply = client.online_query(sample, app_id, **targets)
+        except ModellessClientError as error:
+            closest = error.details.get("closest", {})
+            rows.append(
+                {
+                    "query": label,
+                    "variant": f"{error.status} {error.code}",
+                    "where": f"closest: {closest.get('variant')} acc={closest.get('accuracy')}",
+                }
+            )
+            continue
+        rows.append(
+            {
+                "query": label,
+                "variant": reply["variant"],
+                "where": f"{reply['tier']} {reply['worker'] or ''}".strip(),
+                "state": reply["variantState"] + (" cold" if reply["coldStart"] else ""),
+                "total ms": reply["timingsMs"]["total_ms"],
+                "select ms": reply["timingsMs"]["selection_ms"],
+                "pred/label": f"{reply['predictions'][0]}/{labels[index]}",
+            }
+        )
+        print(f"  {label}\n      -> {reply['variant']}: {reply['reason']}")
+    print()
+    print(format_table(rows, ["query", "variant", "where", "state", "total ms", "select ms", "pred/label"]))
+
+
+def run_demo(url: str, zoo_dir: Path, done: threading.Event, failures: list[str]) -> None:
+    from infra.demo_models import build_zoo
+
+    try:
+        client = Client(url)
+        while not client.health():
+            time.sleep(0.1)
+        print("building the demo zoo (trained here on scikit-learn's digits)...", flush=True)
+        manifest = build_zoo(zoo_dir)
+        admin = Client(url, admin_key=os.environ["MODELLESS_ADMIN_KEY"])
+        app_id, key = ensure_app(admin, DEMO_APP)
+        client = Client(url, api_key=key)
+        print(f"registering the demo models in app {app_id!r} (variants are generated and profiled):")
+        register_zoo(client, app_id, zoo_dir, manifest)
+        print("\nvariants:")
+        rows = variant_rows(client.variants())
+        print(format_table(rows, list(rows[0])))
+        print("\nqueries (model-less: only targets are given):")
+        demo_queries(client, app_id, zoo_dir)
+        print(
+            f"\nserving on {url} — try: .venv/bin/modelless variants --app {app_id}   (Ctrl-C stops)",
+            flush=True,
+        )
+    except Exception as error:  # the demo failing must not leave the server up silently
+        failures.append(f"{type(error).__name__}: {error}")
+        print(f"demo failed: {failures[-1]}", flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        done.set()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--metadata", default="auto")
+    parser.add_argument("--state-dir", type=Path, default=Path(".modelless"))
+    parser.add_argument("--exit-after-demo", action="store_true", help="stop once the demo queries ran")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    os.environ["MODELLESS_STATE_DIR"] = str(args.state_dir)
+    stack = start_stack(args.state_dir, args.host, args.port, args.workers, 4, args.metadata)
+    os.environ["MODELLESS_ADMIN_KEY"] = stack.services.settings.admin_key
+    print(
+        f"modelless: embedded stack on {stack.url} (metadata: {stack.services.settings.metadata_url}, "
+        f"{args.workers} cpu workers, local Lambda tier)",
+        flush=True,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(stack.services), host=args.host, port=args.port, log_level="warning")
+    )
+    done = threading.Event()
+    failures: list[str] = []
+    threading.Thread(
+        target=run_demo, args=(stack.url, args.state_dir / "demo", done, failures), daemon=True
+    ).start()
+    if args.exit_after_demo:
+
+        def stop_when_done() -> None:
+            done.wait()
+            server.should_exit = True
+
+        threading.Thread(target=stop_when_done, daemon=True).start()
+    try:
+        server.run()
+    finally:
+        stack.close()
+        print("modelless: stopped", flush=True)
+    if failures:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The FastAPI application: routers, correlation ids, size limits and error mapping."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from modelless import __version__
+from modelless.api.routers import apps, models, operations, queries
+from modelless.api.services import Services
+from modelless.exceptions import ModellessError
+from modelless.observability import logger
+
+CORRELATION_HEADER = "X-Correlation-Id"
+
+
+def create_app(services: Services) -> FastAPI:
+    app = FastAPI(
+        title="modelless",
+        version=__version__,
+        description="Model-less inference: register models, query by latency and accuracy targets.",
+    )
+    app.state.services = services
+    for router in (apps.router, models.router, queries.router, operations.router):
+        app.include_router(router)
+
+    @app.middleware("http")
+    async def correlate_and_limit(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        correlation_id = request.headers.get(CORRELATION_HEADER) or uuid.uuid4().hex
+        request.state.correlation_id = correlation_id
+        logger.set_correlation_id(correlation_id)
+        limit = _body_limit(services, request.url.path)
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            # Refused before the body is read: an oversized upload costs us nothing.
+            error = ModellessError(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+            error.status_code, error.code = 413, "payload_too_large"
+            response: Response = _error_response(error)
+        else:
+            response = await call_next(request)
+        response.headers[CORRELATION_HEADER] = correlation_id
+        return response
+
+    @app.exception_handler(ModellessError)
+    async def domain_error(_: Request, error: ModellessError) -> JSONResponse:
+        if error.status_code >= 500:
+            logger.error("request failed", extra={"error": error.to_dict()})
+        return _error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', 'invalid')}"
+            for item in error.errors()
+        ]
+        return JSONResponse(
+            status_code=400,
+            content={
+                "error": {
+                    "code": "bad_request",
+                    "message": "; ".join(problems),
+                    "details": {"problems": problems},
+                }
+            },
+        )
+
+    return app
+
+
+def _body_limit(services: Services, path: str) -> int:
+    settings = services.settings
+    if path.endswith("/register_model"):
+        # Multipart framing adds a little on top of the two files.
+        return settings.max_model_bytes + settings.max_valset_bytes + 64 * 1024
+    return settings.max_query_bytes
+
+
+def _error_response(error: ModellessError) -> JSONResponse:
+    return JSONResponse(status_code=error.status_code, content={"error": error.to_dict()})

@@ -1,0 +1,20 @@
+"""Apps and their API keys (admin only)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from modelless.api.dependencies import AdminDep, ServicesDep
+from modelless.api.schemas import AppCreated, CreateApp
+from modelless.auth import hash_key, issue_key
+from modelless.validation import check_name
+
+router = APIRouter(prefix="/v1", tags=["apps"])
+
+
+@router.post("/apps", status_code=201)
+def create_app(body: CreateApp, services: ServicesDep, _: AdminDep) -> AppCreated:
+    check_name("appID", body.appID)
+    key = issue_key()
+    services.store.create_app(body.appID, hash_key(key))
+    return AppCreated(appID=body.appID, apiKey=key)

@@ -1,0 +1,54 @@
+"""Request and reply bodies (camelCase on the wire, as INFaaS's API names them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CreateApp(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    appID: str = Field(description="name of the application")
+
+
+class AppCreated(BaseModel):
+    appID: str
+    apiKey: str = Field(description="shown once; only a hash is stored")
+
+
+class OnlineQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    appID: str
+    inputs: Any = Field(description="one input [*shape] or a batch [n, *shape] of numbers")
+    latency: float | None = Field(default=None, description="latency budget in milliseconds")
+    accuracy: float | None = Field(default=None, description="minimum top-1 accuracy in [0, 1]")
+    modelName: str | None = Field(default=None, description="name the model instead of targets")
+
+
+class QueryReply(BaseModel):
+    queryId: str
+    outputs: list[list[float]]
+    predictions: list[int]
+    model: str
+    variant: str
+    tier: str
+    worker: str | None
+    variantState: str
+    coldStart: bool
+    retried: bool
+    reason: str
+    expectedLatencyMs: float
+    timingsMs: dict[str, float]
+
+
+class RegistrationReply(BaseModel):
+    registrationId: str
+    appID: str
+    modelName: str
+    status: str
+    done: int
+    total: int
+    message: str
+    variantIds: list[str]
+    statusUrl: str

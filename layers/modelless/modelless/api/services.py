@@ -1,0 +1,54 @@
+"""What the API's routers depend on, built once per process (per Lambda container)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from modelless.config import Settings
+from modelless.dispatcher import Dispatcher
+from modelless.metadata import MetadataStore, open_metadata_store
+from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
+from modelless.pools.invokers import AwsLambdaInvoker, HttpWorkerInvoker, LambdaInvoker
+from modelless.registration import RegistrationService
+from modelless.repository import ModelRepository, open_repository
+from modelless.selection import InfaasPolicy
+from modelless.types import WorkerState
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: MetadataStore
+    repository: ModelRepository
+    dispatcher: Dispatcher
+    registrar: RegistrationService
+    pools: Mapping[str, PoolSpec]
+
+    def close(self) -> None:
+        self.registrar.close()
+        self.store.close()
+
+
+def build_services(
+    settings: Settings | None = None,
+    store: MetadataStore | None = None,
+    lambda_tier: LambdaInvoker | None = None,
+    extra_workers: Callable[[], list[WorkerState]] | None = None,
+    pools: Mapping[str, PoolSpec] = DEFAULT_POOLS,
+) -> Services:
+    settings = settings or Settings()
+    store = store or open_metadata_store(settings.metadata_url)
+    repository = open_repository(settings.repository_url)
+    if lambda_tier is None and settings.lambda_function:
+        lambda_tier = AwsLambdaInvoker(settings.lambda_function)
+    dispatcher = Dispatcher(
+        store,
+        InfaasPolicy(pools),
+        HttpWorkerInvoker(),
+        lambda_tier,
+        cache_ttl_s=settings.profile_cache_ttl_s,
+        extra_workers=extra_workers,
+    )
+    registrar = RegistrationService(store, repository, settings, pools)
+    return Services(settings, store, repository, dispatcher, registrar, pools)

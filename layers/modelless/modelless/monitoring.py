@@ -1,0 +1,117 @@
+"""A worker's view of its own load: per-instance QPS, latency, queue and state (INFaaS Figure 4).
+
+Pure bookkeeping over an explicit clock, so transitions are tested tick by tick without sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from modelless.types import InstanceState, InstanceStats, VariantProfile, WorkerState
+
+WINDOW_S = 5.0
+OVERLOADED_BUSY_FRACTION = 0.9  # an instance busy this share of the window is at saturation
+INTERFERED_FACTOR = 2.0  # observed p99 this many times the profiled p99 (plus slack) = interfered
+INTERFERED_SLACK_MS = 1.0
+
+
+@dataclass(frozen=True)
+class _Run:
+    at: float
+    batch: int
+    queue_ms: float
+    inference_ms: float
+
+
+class WorkerMonitor:
+    def __init__(self, worker_id: str, pool: str, address: str, slots: int) -> None:
+        self.worker_id = worker_id
+        self.pool = pool
+        self.address = address
+        self.slots = slots
+        self._runs: dict[str, deque[_Run]] = {}
+        self._profiles: dict[str, VariantProfile] = {}
+        self._in_flight: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def loaded(self, variant: VariantProfile) -> None:
+        with self._lock:
+            self._profiles[variant.variant_id] = variant
+            self._runs.setdefault(variant.variant_id, deque())
+
+    def unloaded(self, variant_id: str) -> None:
+        with self._lock:
+            self._profiles.pop(variant_id, None)
+            self._runs.pop(variant_id, None)
+
+    def started(self, variant_id: str) -> None:
+        with self._lock:
+            self._in_flight[variant_id] = self._in_flight.get(variant_id, 0) + 1
+
+    def abandoned(self, variant_id: str) -> None:
+        """A run that failed: it leaves the queue without a latency sample."""
+        with self._lock:
+            self._in_flight[variant_id] = max(0, self._in_flight.get(variant_id, 0) - 1)
+
+    def finished(self, variant_id: str, at: float, batch: int, queue_ms: float, inference_ms: float) -> None:
+        with self._lock:
+            self._in_flight[variant_id] = max(0, self._in_flight.get(variant_id, 0) - 1)
+            self._runs.setdefault(variant_id, deque()).append(_Run(at, batch, queue_ms, inference_ms))
+
+    def snapshot(self, now: float) -> WorkerState:
+        instances: list[InstanceStats] = []
+        busy_ms_total = 0.0
+        with self._lock:
+            for variant_id, runs in self._runs.items():
+                while runs and runs[0].at < now - WINDOW_S:
+                    runs.popleft()
+                latencies = sorted(r.queue_ms + r.inference_ms for r in runs)
+                busy_ms = sum(r.inference_ms for r in runs)
+                busy_ms_total += busy_ms
+                p50 = _percentile(latencies, 0.5)
+                p99 = _percentile(latencies, 0.99)
+                state = _state(
+                    self._profiles.get(variant_id), busy_ms / (WINDOW_S * 1000), p99, bool(latencies)
+                )
+                instances.append(
+                    InstanceStats(
+                        variant_id=variant_id,
+                        state=state,
+                        qps=len(runs) / WINDOW_S,
+                        latency_p50_ms=p50,
+                        latency_p99_ms=p99,
+                        queue_length=self._in_flight.get(variant_id, 0),
+                    )
+                )
+            loaded_count = len(self._runs)
+        utilisation = min(1.0, busy_ms_total / (WINDOW_S * 1000 * max(1, self.slots)))
+        return WorkerState(
+            worker_id=self.worker_id,
+            pool=self.pool,
+            address=self.address,
+            utilisation=round(utilisation, 4),
+            free_slots=max(0, self.slots - loaded_count),
+            reported_at=now,
+            instances=tuple(sorted(instances, key=lambda i: i.variant_id)),
+        )
+
+
+def _state(
+    profile: VariantProfile | None, busy_fraction: float, p99_ms: float, has_runs: bool
+) -> InstanceState:
+    if busy_fraction >= OVERLOADED_BUSY_FRACTION:
+        return InstanceState.OVERLOADED
+    if profile is not None and has_runs:
+        expected = profile.latency_ms(1) * INTERFERED_FACTOR + INTERFERED_SLACK_MS
+        if p99_ms > expected:
+            return InstanceState.INTERFERED
+    return InstanceState.ACTIVE
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    index = min(len(sorted_values) - 1, int(q * len(sorted_values)))
+    return round(sorted_values[index], 3)

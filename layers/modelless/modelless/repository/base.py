@@ -1,0 +1,46 @@
+"""The model repository interface."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Protocol
+
+
+class ModelRepository(Protocol):
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes:
+        """Raise NotFoundError when the key is missing."""
+
+    def exists(self, key: str) -> bool: ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; returns how many were deleted."""
+
+    def list_keys(self, prefix: str) -> list[str]: ...
+
+
+def fetch_to_cache(repository: ModelRepository, key: str, cache_dir: Path) -> Path:
+    """Copy ``key`` into ``cache_dir`` once (Lambda's /tmp, a worker's disk) and return its path."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    target = cache_dir / f"{digest}-{Path(key).name}"
+    if not target.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.partial")
+        partial.write_bytes(repository.get(key))
+        partial.replace(target)  # atomic: concurrent loaders never read half a file
+    return target
+
+
+def open_repository(url: str) -> ModelRepository:
+    """``file:///path`` or a plain path, or ``s3://bucket/prefix`` (endpoint from AWS_ENDPOINT_URL_S3)."""
+    if url.startswith("s3://"):
+        from modelless.repository.s3 import S3ModelRepository
+
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        return S3ModelRepository(bucket, prefix)
+    from modelless.repository.local import LocalModelRepository
+
+    return LocalModelRepository(Path(url.removeprefix("file://")))

@@ -1,0 +1,197 @@
+"""The domain's records: what the stores keep and what selection reasons about.
+
+Plain dataclasses with explicit JSON round-trips, so that every store backend keeps the same
+bytes and no store ever unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Tier(StrEnum):
+    """Where a query ran: a provisioned worker of a pool, or the burst-absorbing Lambda tier."""
+
+    WORKER = "worker"
+    LAMBDA = "lambda"
+
+
+class InstanceState(StrEnum):
+    """INFaaS Figure 4. Inactive variants have no instance; the others are per loaded instance."""
+
+    INACTIVE = "inactive"
+    ACTIVE = "active"
+    OVERLOADED = "overloaded"
+    INTERFERED = "interfered"
+
+
+class RegistrationStatus(StrEnum):
+    QUEUED = "queued"
+    GENERATING = "generating"
+    PROFILING = "profiling"
+    READY = "ready"
+    FAILED = "failed"
+
+
+def _int_keys(table: dict[Any, float]) -> dict[int, float]:
+    # JSON object keys are strings; batch sizes are ints everywhere else.
+    return {int(batch): float(value) for batch, value in table.items()}
+
+
+@dataclass(frozen=True)
+class VariantProfile:
+    """One servable variant of a model and what profiling measured about it."""
+
+    variant_id: str
+    app_id: str
+    model_name: str
+    pool: str
+    precision: str  # "fp32" | "int8"
+    opt_level: str  # onnxruntime graph optimisation level the artifact was saved at
+    threads: int
+    artifact_key: str
+    size_bytes: int
+    load_latency_ms: float
+    latency_p50_ms: dict[int, float]  # batch size -> median inference latency
+    latency_p99_ms: dict[int, float]
+    peak_memory_mb: float
+    accuracy: float
+    price_per_second: float  # price of the resources one running instance holds
+    request_price: float  # per-invocation price (the Lambda tier's request fee; 0 elsewhere)
+    hardware: str  # where the numbers were measured
+    measured_on_target: bool  # False when the pool's real hardware is not this machine
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.latency_p99_ms)
+
+    def latency_ms(self, batch: int) -> float:
+        """Profiled p99 latency for ``batch`` inputs (next profiled batch size up)."""
+        for size in sorted(self.latency_p99_ms):
+            if size >= batch:
+                return self.latency_p99_ms[size]
+        raise ValueError(f"batch {batch} exceeds the largest profiled batch {self.max_batch}")
+
+    def cost_per_query(self, batch: int = 1) -> float:
+        return self.price_per_second * self.latency_ms(batch) / 1000.0 + self.request_price
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> VariantProfile:
+        data = json.loads(raw)
+        data["latency_p50_ms"] = _int_keys(data["latency_p50_ms"])
+        data["latency_p99_ms"] = _int_keys(data["latency_p99_ms"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """A registered model: its input contract and the state of its registration."""
+
+    app_id: str
+    model_name: str
+    input_name: str
+    input_shape: list[int]  # without the batch dimension
+    input_dtype: str
+    num_classes: int
+    registration_id: str
+    artifact_key: str
+    ready: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ModelRecord:
+        return cls(**json.loads(raw))
+
+
+@dataclass
+class Registration:
+    """Progress of one registration: variant generation and profiling run in the background."""
+
+    registration_id: str
+    app_id: str
+    model_name: str
+    status: RegistrationStatus = RegistrationStatus.QUEUED
+    total: int = 0
+    done: int = 0
+    message: str = ""
+    created_at: float = 0.0
+    finished_at: float | None = None
+    variant_ids: list[str] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Registration:
+        data = json.loads(raw)
+        data["status"] = RegistrationStatus(data["status"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class InstanceStats:
+    """What a worker's monitoring loop observed of one loaded variant instance."""
+
+    variant_id: str
+    state: InstanceState
+    qps: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    queue_length: int
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """A worker's last report: identity, address, load and its loaded variant instances."""
+
+    worker_id: str
+    pool: str
+    address: str
+    utilisation: float  # 0..1, share of the worker's compute in use
+    free_slots: int  # how many more variant instances it can load
+    reported_at: float
+    instances: tuple[InstanceStats, ...] = ()
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> WorkerState:
+        data = json.loads(raw)
+        data["instances"] = tuple(
+            InstanceStats(**{**item, "state": InstanceState(item["state"])}) for item in data["instances"]
+        )
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class QueryTargets:
+    """What a query asks for. ``model_name`` set means the developer named the model."""
+
+    app_id: str
+    latency_ms: float | None = None
+    min_accuracy: float = 0.0
+    model_name: str | None = None
+    batch: int = 1
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Selection's answer: which variant, where, and why."""
+
+    variant: VariantProfile
+    tier: Tier
+    worker_id: str | None
+    state: InstanceState  # the variant's state when chosen (ACTIVE, or INACTIVE needing a load)
+    expected_latency_ms: float
+    reason: str
+    worker_address: str | None = None

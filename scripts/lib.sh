@@ -1,0 +1,53 @@
+# Shared by scripts/run and scripts/test: find Python, make the virtualenv, install what is missing.
+# shellcheck shell=bash
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+
+log() { printf '\033[1m==>\033[0m %s\n' "$*" >&2; }
+
+pick_python() {
+  # torch==2.13.0 comes from a local CPU wheel built for Python 3.11; prefer that interpreter.
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null; then
+      echo "$candidate"; return
+    fi
+  done
+  echo "error: Python 3.11+ is required" >&2; exit 1
+}
+
+ensure_venv() {
+  if [ ! -x "$PY" ]; then
+    log "creating virtualenv in .venv"
+    "$(pick_python)" -m venv "$VENV"
+  fi
+  # Reinstall only when the dependency list changed (a stamp holds pyproject's hash).
+  local stamp="$VENV/.modelless-installed" want
+  want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing Python packages (torch pinned to the local CPU wheel)"
+    # pip's configured extra indexes print a warning per package; keep the real errors only.
+    "$PY" -m pip install --disable-pip-version-check -q -e "$ROOT[train,dev]" 2>&1 \
+      | grep -v "^WARNING: Location 'file://" >&2 || true
+    "$PY" -c 'import torch, onnxruntime, fastapi, redis, moto' \
+      || { echo "error: Python packages failed to install" >&2; exit 1; }
+    echo "$want" > "$stamp"
+  fi
+}
+
+redis_answers() { # host port
+  "$PY" - "$@" <<'PYEOF' >/dev/null 2>&1
+import sys, redis
+redis.Redis(host=sys.argv[1], port=int(sys.argv[2]), socket_connect_timeout=0.5).ping()
+PYEOF
+}
+
+ensure_redis_server_binary() {
+  if ! command -v redis-server >/dev/null 2>&1; then
+    log "installing Debian's redis-server"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null && apt-get install -y -qq redis-server >/dev/null
+  fi
+}

@@ -1,0 +1,92 @@
+"""Small real ONNX classifiers for tests, built with onnx.helper (no torch, no downloads).
+
+They are trained here in closed form on scikit-learn's bundled digits, so accuracy is real.
+"""
+
+from __future__ import annotations
+
+import io
+from functools import cache
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+@cache
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    inputs = (data.images / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    return inputs, data.target.astype(np.int64)
+
+
+def fit_linear(
+    inputs: np.ndarray, labels: np.ndarray, ridge: float = 1.0, hidden: int = 0
+) -> list[np.ndarray]:
+    """Ridge regression onto one-hot labels, optionally on random ReLU features (a 2-layer net)."""
+    flat = inputs.reshape(len(inputs), -1).astype(np.float64)
+    layers: list[np.ndarray] = []
+    features = flat
+    if hidden:
+        rng = np.random.default_rng(0)
+        w1 = rng.normal(0, 1 / np.sqrt(flat.shape[1]), (flat.shape[1], hidden))
+        layers.append(w1)
+        features = np.maximum(flat @ w1, 0)
+    targets = np.eye(10)[labels]
+    design = np.hstack([features, np.ones((len(features), 1))])
+    solution = np.linalg.solve(design.T @ design + ridge * np.eye(design.shape[1]), design.T @ targets)
+    layers += [solution[:-1], solution[-1]]
+    return [layer.astype(np.float32) for layer in layers]
+
+
+def classifier_onnx(layers: list[np.ndarray], input_shape: tuple[int, ...] = (1, 8, 8)) -> bytes:
+    """Flatten -> [MatMul -> Relu ->] MatMul -> Add, with a dynamic batch dimension."""
+    nodes = [helper.make_node("Flatten", ["input"], ["flat"], axis=1)]
+    initializers = []
+    current = "flat"
+    if len(layers) == 3:
+        initializers.append(numpy_helper.from_array(layers[0], "w_hidden"))
+        nodes += [
+            helper.make_node("MatMul", [current, "w_hidden"], ["hidden_pre"]),
+            helper.make_node("Relu", ["hidden_pre"], ["hidden"]),
+        ]
+        current = "hidden"
+    weights, bias = layers[-2], layers[-1]
+    initializers += [numpy_helper.from_array(weights, "w_out"), numpy_helper.from_array(bias, "b_out")]
+    nodes += [
+        helper.make_node("MatMul", [current, "w_out"], ["scores"]),
+        helper.make_node("Add", ["scores", "b_out"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "classifier",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", *input_shape])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", weights.shape[1]])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    serialized: bytes = model.SerializeToString()
+    return serialized
+
+
+@cache
+def linear_model() -> bytes:
+    inputs, labels = digits()
+    return classifier_onnx(fit_linear(inputs[:1200], labels[:1200]))
+
+
+@cache
+def hidden_model() -> bytes:
+    inputs, labels = digits()
+    return classifier_onnx(fit_linear(inputs[:1200], labels[:1200], hidden=512))
+
+
+def valset_npz(count: int = 200) -> bytes:
+    inputs, labels = digits()
+    buffer = io.BytesIO()
+    np.savez(buffer, inputs=inputs[-count:], labels=labels[-count:])
+    return buffer.getvalue()
