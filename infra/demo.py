@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 import uvicorn
+
+from infra.local_stack import start_stack
 from modelless.api import create_app
 from modelless.cli import format_table, load_app_key, progress_bar, save_app_key, variant_rows
 from modelless.client import Client, ModellessClientError
-
-from infra.local_stack import start_stack
+from modelless.observability import logger as gateway_logger
 
 DEMO_APP = "digits"
 
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-    os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    # The demo prints its own table; the per-query JSON logs stay available at INFO for `serve`.
+    gateway_logger.setLevel("WARNING")
     os.environ["MODELLESS_STATE_DIR"] = str(args.state_dir)
     stack = start_stack(args.state_dir, args.host, args.port, args.workers, 4, args.metadata)
     os.environ["MODELLESS_ADMIN_KEY"] = stack.services.settings.admin_key

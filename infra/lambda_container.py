@@ -15,9 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from modelless.pools.lambda_local import INVOKE_PATH
-
 from infra.json_http import announce_ready, make_server
+from modelless.pools.lambda_local import INVOKE_PATH
 
 FUNCTION_DIR = Path(__file__).resolve().parent.parent / "functions" / "cpu_worker"
 

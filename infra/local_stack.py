@@ -15,6 +15,7 @@ from pathlib import Path
 
 import redis
 import uvicorn
+
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
 from modelless.config import Settings

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from aws_lambda_powertools import Logger
+
+from infra.json_http import announce_ready, make_server
 from modelless.monitoring import WorkerMonitor
 from modelless.pools.reporting import make_state_sink
 from modelless.repository import open_repository
 from modelless.runtime import VariantRuntime
 from modelless.types import VariantProfile
-
-from infra.json_http import announce_ready, make_server
 
 logger = Logger(service="modelless-worker")
 
@@ -85,14 +85,17 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
 
     def report_loop() -> None:
-        while not stop.wait(REPORT_PERIOD_S):
+        # The first report goes out at once; the gateway it goes to may not be up yet, so a
+        # failed report is logged and retried on the next period, never fatal.
+        while True:
             try:
                 sink(worker.monitor.snapshot(time.time()))
-            except Exception:
-                logger.exception("state report failed; retrying next period")
+            except Exception as error:
+                logger.warning("state report failed; retrying next period", extra={"error": str(error)})
+            if stop.wait(REPORT_PERIOD_S):
+                return
 
     threading.Thread(target=report_loop, name="monitor", daemon=True).start()
-    sink(worker.monitor.snapshot(time.time()))
     announce_ready(server)
     logger.info("worker ready", extra={"worker_id": args.worker_id, "address": worker.monitor.address})
     try:

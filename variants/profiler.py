@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from modelless.runtime import make_session
 
 BATCH_SIZES = (1, 2, 4, 8)

@@ -13,6 +13,7 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+
 from modelless.exceptions import ModellessError
 from modelless.repository import open_repository
 from modelless.runtime import VariantRuntime

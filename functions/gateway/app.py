@@ -10,6 +10,7 @@ from typing import Any
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from mangum import Mangum
+
 from modelless.api import create_app
 from modelless.api.services import build_services
 from modelless.observability import logger, metrics

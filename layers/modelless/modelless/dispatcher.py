@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from aws_lambda_powertools import Logger
 
 from modelless.exceptions import (
     NotFoundError,
@@ -20,7 +23,21 @@ from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker, WorkerUnreachableError
 from modelless.runtime import decode_array, encode_array
 from modelless.selection import SelectionPolicy, unreachable_error
-from modelless.types import Decision, ModelRecord, QueryTargets, Tier, VariantProfile, WorkerState
+from modelless.types import (
+    Decision,
+    InstanceState,
+    InstanceStats,
+    ModelRecord,
+    QueryTargets,
+    Tier,
+    VariantProfile,
+    WorkerState,
+)
+
+logger = Logger(service="gateway", child=True)
+
+# How long a load this dispatcher made counts as Active before the worker's own report shows it.
+RECENT_LOAD_S = 3.0
 
 # Never wait on compute for longer than this, whatever the budget: a query fails, it never hangs.
 MAX_INVOKE_TIMEOUT_S = 30.0
@@ -61,6 +78,9 @@ class Dispatcher:
         self._cache_ttl_s = cache_ttl_s
         self._cache: dict[tuple[str, str | None, float], _CacheEntry] = {}
         self._contracts: dict[tuple[str, str | None], tuple[float, ModelRecord]] = {}
+        self._warming: set[str] = set()
+        self._recent_loads: dict[tuple[str, str], float] = {}  # (worker, variant) -> when loaded
+        self._background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="warmup")
         # State not kept in the store, e.g. the local Lambda tier's warm containers.
         self._extra_workers = extra_workers
 
@@ -101,21 +121,77 @@ class Dispatcher:
         return model
 
     def live_workers(self) -> list[WorkerState]:
-        workers = self._store.list_workers()
+        workers = [self._with_recent_loads(w) for w in self._store.list_workers()]
         if self._extra_workers is not None:
             workers.extend(self._extra_workers())
         return workers
+
+    def _with_recent_loads(self, worker: WorkerState) -> WorkerState:
+        """Add instances this dispatcher loaded since the worker last reported (reports come
+        every second): without them, the next query would load a second copy elsewhere."""
+        now = time.monotonic()
+        reported = {i.variant_id for i in worker.instances}
+        extra = [
+            InstanceStats(variant_id, InstanceState.ACTIVE, 0.0, 0.0, 0.0, 0)
+            for (worker_id, variant_id), loaded_at in list(self._recent_loads.items())
+            if worker_id == worker.worker_id
+            and variant_id not in reported
+            and now - loaded_at < RECENT_LOAD_S
+        ]
+        if not extra:
+            return worker
+        return dataclasses.replace(
+            worker,
+            instances=(*worker.instances, *extra),
+            free_slots=max(0, worker.free_slots - len(extra)),
+        )
 
     def select(self, targets: QueryTargets) -> Decision:
         candidates = self.candidates(targets)
         if not candidates:
             self._explain_no_candidates(targets)
+        workers = self.live_workers()
         try:
-            return self._policy.get_variant(targets, candidates, self.live_workers())
+            return self._policy.get_variant(targets, candidates, workers)
         except TargetsUnreachableError:
             # The candidates met the accuracy but not the latency: name the closest of them all.
             everything = self._store.list_variants(targets.app_id, targets.model_name)
-            raise unreachable_error(targets, everything) from None
+            error = unreachable_error(targets, everything)
+        warm = self._policy.warmup(targets, candidates, workers)
+        if warm is not None:
+            # Only the load time was in the way: load it now so the next such query is served.
+            self._start_warmup(warm)
+            error.details["warming"] = {
+                "variant": warm.variant.variant_id,
+                "tier": warm.tier.value,
+                "worker": warm.worker_id,
+                "retry_after_ms": round(warm.variant.load_latency_ms, 1),
+            }
+            error.message += f"; {warm.variant.variant_id} meets them once loaded and is being loaded now"
+        raise error
+
+    def _start_warmup(self, decision: Decision) -> None:
+        variant = decision.variant
+        if variant.variant_id in self._warming:
+            return
+        self._warming.add(variant.variant_id)
+        contract = self.input_contract(variant.app_id, variant.model_name)
+        payload = {
+            "variant_id": variant.variant_id,
+            "variant": variant.to_json(),
+            "inputs_npy_b64": encode_array(np.zeros((1, *contract.input_shape), dtype=np.float32)),
+            "correlation_id": f"warmup-{uuid.uuid4().hex}",
+        }
+
+        def load() -> None:
+            try:
+                self._run(decision, payload, MAX_INVOKE_TIMEOUT_S)
+            except Exception:
+                logger.exception("warm-up failed", extra={"variant": variant.variant_id})
+            finally:
+                self._warming.discard(variant.variant_id)
+
+        self._background.submit(load)
 
     def _explain_no_candidates(self, targets: QueryTargets) -> None:
         """Off the hot path: say why nothing qualified (unknown model, not ready, too accurate)."""
@@ -192,7 +268,10 @@ class Dispatcher:
     def _run(self, decision: Decision, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         if decision.tier is Tier.LAMBDA or decision.worker_address is None:
             return self._invoke_lambda(payload, timeout_s)
-        return self._workers.invoke(decision.worker_address, payload, timeout_s)
+        body = self._workers.invoke(decision.worker_address, payload, timeout_s)
+        if decision.state is InstanceState.INACTIVE and decision.worker_id is not None:
+            self._recent_loads[(decision.worker_id, decision.variant.variant_id)] = time.monotonic()
+        return body
 
     def _invoke_lambda(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         if self._lambda is None:

@@ -25,6 +25,14 @@ class SelectionPolicy(Protocol):
     ) -> Decision:
         """Choose a variant and where to run it, or raise TargetsUnreachableError."""
 
+    def warmup(
+        self,
+        targets: QueryTargets,
+        candidates: Sequence[VariantProfile],
+        workers: Sequence[WorkerState],
+    ) -> Decision | None:
+        """After a miss, the variant worth loading so that the next such query is served."""
+
 
 @dataclass(frozen=True)
 class _Placement:
@@ -46,26 +54,20 @@ class InfaasPolicy:
         candidates: Sequence[VariantProfile],
         workers: Sequence[WorkerState],
     ) -> Decision:
-        budget = targets.latency_ms if targets.latency_ms is not None else math.inf
-        eligible = [
-            v
-            for v in candidates
-            if v.accuracy >= targets.min_accuracy
-            and v.max_batch >= targets.batch
-            and (targets.model_name is None or v.model_name == targets.model_name)
-        ]
+        budget = _budget(targets)
+        eligible = _eligible(targets, candidates)
         eligible_ids = {v.variant_id: v for v in eligible}
 
         # Active: variants with a healthy loaded instance whose profiled latency meets the budget.
         active: list[_Placement] = []
-        holders: dict[str, set[str]] = {}  # variant id -> workers with an instance, healthy or not
         for worker in workers:
             for instance in worker.instances:
                 variant = eligible_ids.get(instance.variant_id)
-                if variant is None:
-                    continue
-                holders.setdefault(variant.variant_id, set()).add(worker.worker_id)
-                if instance.state is InstanceState.ACTIVE and variant.latency_ms(targets.batch) <= budget:
+                if (
+                    variant is not None
+                    and instance.state is InstanceState.ACTIVE
+                    and variant.latency_ms(targets.batch) <= budget
+                ):
                     active.append(_Placement(variant, worker))
         if active:
             best = min(
@@ -103,40 +105,82 @@ class InfaasPolicy:
                     v.variant_id,
                 ),
             )
-            expected = variant.load_latency_ms + variant.latency_ms(targets.batch)
-            reason = (
-                "no active variant meets the targets; inactive variant with the lowest load+inference latency"
-            )
-            if self._is_lambda(variant.pool):
-                return Decision(variant, Tier.LAMBDA, None, InstanceState.INACTIVE, expected, reason)
-            busy = holders.get(variant.variant_id, set())
-            with_room = [
-                w for w in workers if w.pool == variant.pool and w.free_slots > 0 and w.worker_id not in busy
-            ]
-            if with_room:
-                worker = min(with_room, key=lambda w: (w.utilisation, w.worker_id))
-                return Decision(
-                    variant,
-                    Tier.WORKER,
-                    worker.worker_id,
-                    InstanceState.INACTIVE,
-                    expected,
-                    reason,
-                    worker.address,
-                )
-            return Decision(
+            return self._place(
                 variant,
-                Tier.LAMBDA,
-                None,
-                InstanceState.INACTIVE,
-                expected,
-                f"{reason}; no worker of pool {variant.pool!r} has room, spilled to the Lambda tier",
+                targets,
+                workers,
+                "no active variant meets the targets; "
+                "inactive variant with the lowest load+inference latency",
             )
         raise unreachable_error(targets, candidates)
+
+    def warmup(
+        self,
+        targets: QueryTargets,
+        candidates: Sequence[VariantProfile],
+        workers: Sequence[WorkerState],
+    ) -> Decision | None:
+        """After a miss: the variant that would meet the targets were it loaded, and where to
+        load it, so that the next such query finds it Active. None if none would."""
+        budget = _budget(targets)
+        fits = [v for v in _eligible(targets, candidates) if v.latency_ms(targets.batch) <= budget]
+        if not fits:
+            return None
+        variant = min(fits, key=lambda v: (v.cost_per_query(targets.batch), v.load_latency_ms, v.variant_id))
+        return self._place(variant, targets, workers, "loaded ahead of the next query with these targets")
+
+    def _place(
+        self, variant: VariantProfile, targets: QueryTargets, workers: Sequence[WorkerState], reason: str
+    ) -> Decision:
+        """Where a new instance of ``variant`` goes: the least-utilised worker of its pool with
+        room that does not already hold it, else the Lambda tier."""
+        expected = variant.load_latency_ms + variant.latency_ms(targets.batch)
+        if self._is_lambda(variant.pool):
+            return Decision(variant, Tier.LAMBDA, None, InstanceState.INACTIVE, expected, reason)
+        with_room = [
+            w
+            for w in workers
+            if w.pool == variant.pool
+            and w.free_slots > 0
+            and all(i.variant_id != variant.variant_id for i in w.instances)
+        ]
+        if with_room:
+            worker = min(with_room, key=lambda w: (w.utilisation, w.worker_id))
+            return Decision(
+                variant,
+                Tier.WORKER,
+                worker.worker_id,
+                InstanceState.INACTIVE,
+                expected,
+                reason,
+                worker.address,
+            )
+        return Decision(
+            variant,
+            Tier.LAMBDA,
+            None,
+            InstanceState.INACTIVE,
+            expected,
+            f"{reason}; no worker of pool {variant.pool!r} has room, spilled to the Lambda tier",
+        )
 
     def _is_lambda(self, pool: str) -> bool:
         spec = self._pools.get(pool)
         return spec is not None and spec.kind is PoolKind.LAMBDA
+
+
+def _budget(targets: QueryTargets) -> float:
+    return targets.latency_ms if targets.latency_ms is not None else math.inf
+
+
+def _eligible(targets: QueryTargets, candidates: Sequence[VariantProfile]) -> list[VariantProfile]:
+    return [
+        v
+        for v in candidates
+        if v.accuracy >= targets.min_accuracy
+        and v.max_batch >= targets.batch
+        and (targets.model_name is None or v.model_name == targets.model_name)
+    ]
 
 
 def closest_variant(targets: QueryTargets, variants: Sequence[VariantProfile]) -> VariantProfile | None:

@@ -1,0 +1,94 @@
+"""Shared fixtures. Real services come from scripts/test through the environment:
+
+- ``MODELLESS_TEST_REDIS_URL``: a real Redis (tests use their own database and a unique key
+  prefix per test, and delete what they wrote);
+- ``MODELLESS_TEST_AWS_ENDPOINT``: moto's server, an emulated AWS HTTP endpoint.
+
+Without them, tests that need them skip, unless ``MODELLESS_REQUIRE_SERVICES=1`` (set by
+scripts/test and so CI), where a missing service is a failure, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from modelless.metadata.memory import InMemoryMetadataStore
+from modelless.metadata.redis import RedisMetadataStore
+from modelless.repository.local import LocalModelRepository
+
+# boto3 needs credentials and a region even against an emulator; never real ones in tests.
+for _name, _value in {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}.items():
+    os.environ[_name] = _value
+os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+
+
+def service_url(variable: str) -> str:
+    value = os.environ.get(variable)
+    if not value:
+        if os.environ.get("MODELLESS_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{variable} is not set: scripts/test starts this service")
+        pytest.skip(f"{variable} not set (run through scripts/test)")
+    return value
+
+
+@pytest.fixture
+def redis_store() -> Iterator[RedisMetadataStore]:
+    base = service_url("MODELLESS_TEST_REDIS_URL")
+    store = RedisMetadataStore.from_url(f"{base}?prefix=test-{uuid.uuid4().hex[:12]}:")
+    try:
+        yield store
+    finally:
+        store.flush_namespace()
+        store.close()
+
+
+@pytest.fixture
+def memory_store() -> InMemoryMetadataStore:
+    return InMemoryMetadataStore()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def any_store(request: pytest.FixtureRequest) -> Iterator[object]:
+    """Both metadata store backends, for contract tests."""
+    if request.param == "memory":
+        yield InMemoryMetadataStore()
+    else:
+        yield request.getfixturevalue("redis_store")
+
+
+@pytest.fixture
+def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
+    endpoint = service_url("MODELLESS_TEST_AWS_ENDPOINT")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    return endpoint
+
+
+@pytest.fixture
+def s3_bucket(aws_endpoint: str) -> Iterator[str]:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=aws_endpoint)
+    bucket = f"test-models-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    try:
+        yield bucket
+    finally:
+        objects = s3.list_objects_v2(Bucket=bucket).get("Contents", [])
+        for item in objects:
+            s3.delete_object(Bucket=bucket, Key=item["Key"])
+        s3.delete_bucket(Bucket=bucket)
+
+
+@pytest.fixture
+def local_repository(tmp_path: Path) -> LocalModelRepository:
+    return LocalModelRepository(tmp_path / "repo")
