@@ -161,7 +161,7 @@ def train(recipe: Recipe, train_split: Split, val_split: Split, seed: int) -> tu
     steps_per_epoch = math.ceil(len(inputs) / BATCH_SIZE)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=recipe.lr, total_steps=recipe.epochs * steps_per_epoch
+        optimizer, max_lr=recipe.lr, total_steps=recipe.epochs * steps_per_epoch, pct_start=0.15
     )
     loss_fn = nn.CrossEntropyLoss()
     started = time.perf_counter()

@@ -23,8 +23,8 @@ class Settings:
     max_valset_bytes: int = field(default_factory=lambda: int(_env("MAX_VALSET_BYTES", str(32 * MiB))))
     max_query_bytes: int = field(default_factory=lambda: int(_env("MAX_QUERY_BYTES", str(4 * MiB))))
     max_batch: int = field(default_factory=lambda: int(_env("MAX_BATCH", "64")))
-    # Static profiles change only when a registration finishes; the gateway caches them this long.
-    profile_cache_ttl_s: float = field(default_factory=lambda: float(_env("PROFILE_CACHE_TTL_S", "2.0")))
+    # The gateway caches static profiles until their version changes; this TTL is a safety net.
+    profile_cache_ttl_s: float = field(default_factory=lambda: float(_env("PROFILE_CACHE_TTL_S", "60.0")))
     profile_runs: int = field(default_factory=lambda: int(_env("PROFILE_RUNS", "40")))
     # In AWS: the name of the cpu_worker function the dispatcher invokes for the Lambda tier.
     lambda_function: str = field(default_factory=lambda: _env("LAMBDA_FUNCTION", ""))

@@ -57,6 +57,7 @@ class QueryResult:
 
 @dataclass
 class _CacheEntry:
+    version: int
     expires_at: float
     variants: list[VariantProfile] = field(default_factory=list)
 
@@ -68,7 +69,7 @@ class Dispatcher:
         policy: SelectionPolicy,
         workers: WorkerInvoker,
         lambda_tier: LambdaInvoker | None,
-        cache_ttl_s: float = 2.0,
+        cache_ttl_s: float = 60.0,
         extra_workers: Callable[[], list[WorkerState]] | None = None,
     ) -> None:
         self._store = store
@@ -84,17 +85,18 @@ class Dispatcher:
         # State not kept in the store, e.g. the local Lambda tier's warm containers.
         self._extra_workers = extra_workers
 
-    def candidates(self, targets: QueryTargets) -> list[VariantProfile]:
-        """Static profiles meeting the accuracy target, cached briefly: selection then costs at
-        most one store round trip (the live worker state)."""
+    def candidates(self, targets: QueryTargets, version: int) -> list[VariantProfile]:
+        """Static profiles meeting the accuracy target, cached until the app's profiles version
+        changes (or the TTL passes, as a safety net): a selection then costs one store round trip,
+        the one that reads the live state and the version together."""
         key = (targets.app_id, targets.model_name, targets.min_accuracy)
         now = time.monotonic()
         entry = self._cache.get(key)
-        if entry is None or entry.expires_at < now:
+        if entry is None or entry.version != version or entry.expires_at < now:
             variants = self._store.candidate_variants(
                 targets.app_id, targets.min_accuracy, targets.model_name
             )
-            entry = _CacheEntry(now + self._cache_ttl_s, variants)
+            entry = _CacheEntry(version, now + self._cache_ttl_s, variants)
             self._cache[key] = entry
         return entry.variants
 
@@ -120,8 +122,12 @@ class Dispatcher:
         self._contracts[key] = (now + self._cache_ttl_s, model)
         return model
 
-    def live_workers(self) -> list[WorkerState]:
-        workers = [self._with_recent_loads(w) for w in self._store.list_workers()]
+    def live_workers(self, reported: list[WorkerState] | None = None) -> list[WorkerState]:
+        """Workers as selection sees them: their reports, this dispatcher's own recent loads,
+        and state kept outside the store (the local Lambda tier)."""
+        if reported is None:
+            reported = self._store.list_workers()
+        workers = [self._with_recent_loads(w) for w in reported]
         if self._extra_workers is not None:
             workers.extend(self._extra_workers())
         return workers
@@ -147,10 +153,11 @@ class Dispatcher:
         )
 
     def select(self, targets: QueryTargets) -> Decision:
-        candidates = self.candidates(targets)
+        version, reported = self._store.selection_state(targets.app_id)
+        candidates = self.candidates(targets, version)
         if not candidates:
             self._explain_no_candidates(targets)
-        workers = self.live_workers()
+        workers = self.live_workers(reported)
         try:
             return self._policy.get_variant(targets, candidates, workers)
         except TargetsUnreachableError:

@@ -47,6 +47,9 @@ class MetadataStore(Protocol):
     ) -> list[VariantProfile]:
         """Variants of the app (or of one model) whose accuracy is at least ``min_accuracy``."""
 
+    def profiles_version(self, app_id: str) -> int:
+        """A counter that changes whenever the app's variant profiles change."""
+
     # --- live worker state ----------------------------------------------------------------------
     def put_worker_state(self, state: WorkerState) -> None: ...
 
@@ -54,6 +57,10 @@ class MetadataStore(Protocol):
 
     def list_workers(self, pool: str | None = None) -> list[WorkerState]:
         """Workers that reported within WORKER_STALE_AFTER_S, least utilised first."""
+
+    def selection_state(self, app_id: str) -> tuple[int, list[WorkerState]]:
+        """What a selection reads on its critical path, in one round trip: the app's profiles
+        version (to revalidate the gateway's profile cache) and the live workers."""
 
     def close(self) -> None: ...
 

@@ -37,11 +37,12 @@ class KeySpace:
         """Sorted set: variant id scored by batch-1 p99 latency."""
         return f"{self.prefix}idx:latency:{app_id}"
 
-    def worker(self, worker_id: str) -> str:
-        return f"{self.prefix}worker:{worker_id}"
+    def profiles_version(self, app_id: str) -> str:
+        """Counter bumped with every change to the app's profiles (gateway cache revalidation)."""
+        return f"{self.prefix}profiles-version:{app_id}"
 
     def workers(self) -> str:
-        """Sorted set: worker id scored by utilisation."""
+        """Hash: worker id -> its last state report (JSON)."""
         return f"{self.prefix}workers"
 
     def pattern(self) -> str:

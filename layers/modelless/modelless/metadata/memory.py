@@ -19,6 +19,7 @@ class InMemoryMetadataStore:
         self._registrations: dict[str, Registration] = {}
         self._variants: dict[str, dict[str, VariantProfile]] = {}
         self._workers: dict[str, WorkerState] = {}
+        self._versions: dict[str, int] = {}
 
     def create_app(self, app_id: str, key_hash: str) -> None:
         with self._lock:
@@ -58,6 +59,7 @@ class InMemoryMetadataStore:
             app_variants = self._variants.get(app_id, {})
             for variant_id in [v for v, p in app_variants.items() if p.model_name == model_name]:
                 del app_variants[variant_id]
+            self._versions[app_id] = self._versions.get(app_id, 0) + 1
 
     def put_registration(self, registration: Registration) -> None:
         with self._lock:
@@ -74,6 +76,7 @@ class InMemoryMetadataStore:
             app_variants = self._variants.setdefault(model.app_id, {})
             for variant in variants:
                 app_variants[variant.variant_id] = variant
+            self._versions[model.app_id] = self._versions.get(model.app_id, 0) + 1
             self._models[(model.app_id, model.model_name)] = model
             self._registrations[registration.registration_id] = _copy(registration)
 
@@ -88,6 +91,12 @@ class InMemoryMetadataStore:
         self, app_id: str, min_accuracy: float, model_name: str | None = None
     ) -> list[VariantProfile]:
         return [v for v in self.list_variants(app_id, model_name) if v.accuracy >= min_accuracy]
+
+    def profiles_version(self, app_id: str) -> int:
+        return self._versions.get(app_id, 0)
+
+    def selection_state(self, app_id: str) -> tuple[int, list[WorkerState]]:
+        return self.profiles_version(app_id), self.list_workers()
 
     def put_worker_state(self, state: WorkerState) -> None:
         with self._lock:

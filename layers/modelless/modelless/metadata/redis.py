@@ -74,6 +74,7 @@ class RedisMetadataStore:
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.model(app_id, model_name))
             pipe.srem(self.keys.models(app_id), model_name)
+            pipe.incr(self.keys.profiles_version(app_id))
             pipe.delete(self.keys.accuracy_index(app_id, model_name))
             if variant_ids:
                 pipe.hdel(self.keys.variants(app_id), *variant_ids)
@@ -101,6 +102,7 @@ class RedisMetadataStore:
                 pipe.zadd(self.keys.latency_index(app_id), {v.variant_id: v.latency_ms(1) for v in variants})
             pipe.set(self.keys.model(app_id, model.model_name), model.to_json())
             pipe.set(self.keys.registration(registration.registration_id), registration.to_json())
+            pipe.incr(self.keys.profiles_version(app_id))
             pipe.execute()
 
     # --- variants -------------------------------------------------------------------------------
@@ -125,27 +127,26 @@ class RedisMetadataStore:
 
     # --- live worker state ----------------------------------------------------------------------
     def put_worker_state(self, state: WorkerState) -> None:
-        with self._redis.pipeline(transaction=True) as pipe:
-            # The TTL makes a dead worker disappear even if nobody removes it.
-            pipe.set(self.keys.worker(state.worker_id), state.to_json(), px=int(WORKER_STALE_AFTER_S * 1000))
-            pipe.zadd(self.keys.workers(), {state.worker_id: state.utilisation})
-            pipe.execute()
+        # One hash for all workers: selection reads the whole live state in a single round trip.
+        # A worker that stops reporting is filtered out by its report time.
+        self._redis.hset(self.keys.workers(), state.worker_id, state.to_json())
 
     def remove_worker(self, worker_id: str) -> None:
-        with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.keys.worker(worker_id))
-            pipe.zrem(self.keys.workers(), worker_id)
-            pipe.execute()
+        self._redis.hdel(self.keys.workers(), worker_id)
 
     def list_workers(self, pool: str | None = None) -> list[WorkerState]:
-        ids = self._redis.zrange(self.keys.workers(), 0, -1)
-        if not ids:
-            return []
-        raws = self._redis.mget([self.keys.worker(i.decode()) for i in ids])
-        fresh_after = time.time() - WORKER_STALE_AFTER_S
-        states = [WorkerState.from_json(raw) for raw in raws if raw is not None]
-        live = [s for s in states if s.reported_at >= fresh_after and (pool is None or s.pool == pool)]
-        return sorted(live, key=lambda w: (w.utilisation, w.worker_id))
+        return _live(self._redis.hvals(self.keys.workers()), pool)
+
+    def profiles_version(self, app_id: str) -> int:
+        raw = self._redis.get(self.keys.profiles_version(app_id))
+        return int(raw) if raw is not None else 0
+
+    def selection_state(self, app_id: str) -> tuple[int, list[WorkerState]]:
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.profiles_version(app_id))
+            pipe.hvals(self.keys.workers())
+            version, raws = pipe.execute()
+        return (int(version) if version is not None else 0), _live(raws, None)
 
     def flush_namespace(self) -> None:
         """Delete every key under this store's prefix (tests and `modelless reset`)."""
@@ -155,3 +156,10 @@ class RedisMetadataStore:
 
     def close(self) -> None:
         self._redis.close()
+
+
+def _live(raws: list[bytes], pool: str | None) -> list[WorkerState]:
+    fresh_after = time.time() - WORKER_STALE_AFTER_S
+    states = [WorkerState.from_json(raw) for raw in raws]
+    live = [s for s in states if s.reported_at >= fresh_after and (pool is None or s.pool == pool)]
+    return sorted(live, key=lambda w: (w.utilisation, w.worker_id))

@@ -1,0 +1,176 @@
+"""Benchmarks (``scripts/bench``). Each prints its numbers and the machine it ran on.
+
+    scripts/bench selection [--architectures 3] [--queries 5000]
+
+``selection``: per-query decision time of the Dispatcher (getVariant + worker choice): cached
+static profiles plus one live-state read from the metadata store, for the in-memory store and a
+real Redis server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import statistics
+import time
+from datetime import UTC, datetime
+
+from modelless.dispatcher import Dispatcher
+from modelless.metadata import MetadataStore, open_metadata_store
+from modelless.metadata.redis import RedisMetadataStore
+from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.pools.invokers import HttpWorkerInvoker
+from modelless.selection import InfaasPolicy
+from modelless.types import (
+    InstanceState,
+    InstanceStats,
+    ModelRecord,
+    QueryTargets,
+    Registration,
+    RegistrationStatus,
+    VariantProfile,
+    WorkerState,
+)
+
+RECIPES = ("fp32-basic", "fp32-all", "int8-basic", "int8-all")
+
+
+def machine() -> str:
+    return (
+        f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+    )
+
+
+def seed_store(store: MetadataStore, app_id: str, architectures: int, workers: int) -> list[VariantProfile]:
+    """Profiles shaped like the demo zoo's (latency grows with accuracy), and live workers."""
+    rng = random.Random(7)
+    everything: list[VariantProfile] = []
+    for index in range(architectures):
+        name = f"arch{index}"
+        base_latency = 0.02 + 5.0 * index / max(1, architectures - 1)
+        accuracy = min(0.999, 0.85 + 0.14 * index / max(1, architectures - 1))
+        record = ModelRecord(app_id, name, "input", [1, 8, 8], "float32", 10, f"reg-{index}", "src", True)
+        registration = Registration(f"reg-{index}", app_id, name, RegistrationStatus.READY)
+        store.add_model(record, registration)
+        variants = []
+        for recipe in RECIPES:
+            for pool in DEFAULT_POOLS.values():
+                latency = base_latency * rng.uniform(0.8, 1.2)
+                variants.append(
+                    VariantProfile(
+                        variant_id=f"{app_id}/{name}/{recipe}/{pool.name}",
+                        app_id=app_id,
+                        model_name=name,
+                        pool=pool.name,
+                        precision=recipe.split("-")[0],
+                        opt_level=recipe.split("-")[1],
+                        threads=1,
+                        artifact_key=f"apps/{app_id}/{name}/{recipe}.onnx",
+                        size_bytes=1000,
+                        load_latency_ms=3.0,
+                        latency_p50_ms={b: latency * b**0.5 for b in (1, 2, 4, 8)},
+                        latency_p99_ms={b: latency * 1.3 * b**0.5 for b in (1, 2, 4, 8)},
+                        peak_memory_mb=5.0,
+                        accuracy=round(accuracy - (0.003 if recipe.startswith("int8") else 0.0), 4),
+                        price_per_second=pool.instance_price_per_second(1),
+                        request_price=pool.request_price,
+                        hardware="synthetic profile for the selection benchmark",
+                        measured_on_target=False,
+                    )
+                )
+        store.publish_variants(record, variants, registration)
+        everything += variants
+    cpu_variants = [v for v in everything if v.pool == "cpu"]
+    for w in range(workers):
+        loaded = rng.sample(cpu_variants, k=min(4, len(cpu_variants)))
+        store.put_worker_state(
+            WorkerState(
+                worker_id=f"cpu-{w}",
+                pool="cpu",
+                address=f"http://127.0.0.1:{9000 + w}",
+                utilisation=rng.random(),
+                free_slots=rng.randint(0, 2),
+                reported_at=time.time() + 3600,  # stays fresh for the whole run
+                instances=tuple(
+                    InstanceStats(v.variant_id, InstanceState.ACTIVE, 5.0, 0.2, 0.4, 0) for v in loaded
+                ),
+            )
+        )
+    return everything
+
+
+def time_selection(
+    store: MetadataStore, app_id: str, variants: list[VariantProfile], queries: int
+) -> list[float]:
+    dispatcher = Dispatcher(store, InfaasPolicy(DEFAULT_POOLS), HttpWorkerInvoker(), None, cache_ttl_s=2.0)
+    rng = random.Random(11)
+    # Targets that some variant meets (a miss is a different, rarer path): each one is a
+    # variant's own accuracy with a budget a little above its cold latency.
+    targets = [
+        QueryTargets(
+            app_id,
+            latency_ms=round(v.load_latency_ms + v.latency_ms(1) * 1.5, 3),
+            min_accuracy=v.accuracy,
+        )
+        for v in rng.sample(variants, k=min(64, len(variants)))
+    ]
+    for target in targets:  # warm the profile cache, as a serving gateway's is
+        dispatcher.select(target)
+    samples = []
+    for index in range(queries):
+        target = targets[index % len(targets)]
+        started = time.perf_counter()
+        dispatcher.select(target)
+        samples.append((time.perf_counter() - started) * 1000)
+    return samples
+
+
+def report(label: str, samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return (
+        f"{label:<28} n={len(samples):>6}  median={statistics.median(ordered):.4f} ms  "
+        f"p99={p99:.4f} ms  max={ordered[-1]:.4f} ms"
+    )
+
+
+def bench_selection(architectures: int, queries: int, workers: int, redis_url: str) -> None:
+    print(f"machine: {machine()}")
+    print(
+        f"selection: {architectures} architectures x {len(RECIPES) * len(DEFAULT_POOLS)} variants, "
+        f"{workers} live workers, {queries} decisions"
+    )
+    memory = open_metadata_store("memory://")
+    variants = seed_store(memory, "bench", architectures, workers)
+    print(report("in-memory store", time_selection(memory, "bench", variants, queries)))
+    store = RedisMetadataStore.from_url(f"{redis_url}?prefix=bench-{os.getpid()}:")
+    try:
+        variants = seed_store(store, "bench", architectures, workers)
+        print(report(f"Redis ({redis_url})", time_selection(store, "bench", variants, queries)))
+    finally:
+        store.flush_namespace()
+        store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    selection = commands.add_parser("selection", help="per-query selection time")
+    selection.add_argument("--architectures", type=int, default=3)
+    selection.add_argument("--queries", type=int, default=5000)
+    selection.add_argument("--workers", type=int, default=4)
+    selection.add_argument(
+        "--redis", default=os.environ.get("MODELLESS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+    )
+    args = parser.parse_args(argv)
+    if args.command == "selection":
+        bench_selection(args.architectures, args.queries, args.workers, args.redis)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The README's flow over HTTP against a real embedded stack: create an app, register models
+with the CLI, query by targets, read the variants table, stop with Ctrl-C."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from modelless.client import Client, ModellessClientError
+from tests.conftest import service_url
+from tests.e2e.conftest import RunningStack, start_stack
+from tests.models import digits, hidden_model, linear_model, valset_npz
+
+
+def cli(stack: RunningStack, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "modelless.cli", *args],
+        env=stack.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=check,
+    )
+
+
+def write_models(directory: Path) -> None:
+    (directory / "linear.onnx").write_bytes(linear_model())
+    (directory / "hidden.onnx").write_bytes(hidden_model())
+    (directory / "val.npz").write_bytes(valset_npz())
+    images, _ = digits()
+    np.save(directory / "sample.npy", images[3])
+
+
+def query_until_active(client: Client, app: str, **targets: float) -> dict[str, object]:
+    """The first query with tight targets may miss while its variant loads; bounded retries."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            reply = client.online_query(digits()[0][3], app, **targets)
+        except ModellessClientError as error:
+            if error.status != 422 or "warming" not in error.details or time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+            continue
+        return reply
+
+
+def run_flow(stack: RunningStack, workdir: Path) -> None:
+    write_models(workdir)
+    app = f"e2e{uuid.uuid4().hex[:6]}"
+    created = cli(stack, "create-app", app)
+    assert "API key" in created.stdout
+    for name, file in (("linear", "linear.onnx"), ("hidden", "hidden.onnx")):
+        done = cli(
+            stack,
+            "register",
+            "--app",
+            app,
+            "--name",
+            name,
+            "--model",
+            str(workdir / file),
+            "--valset",
+            str(workdir / "val.npz"),
+        )
+        assert f"{name}: 8 variants ready" in done.stdout, done.stdout + done.stderr
+
+    table = cli(stack, "variants", "--app", app).stdout
+    assert table.count(f"{app}/") == 16
+    assert "accuracy" in table.splitlines()[0]
+
+    key = json.loads((stack.state_dir / "credentials.json").read_text())[app]
+    client = Client(stack.url, api_key=key)
+    variants = client.variants()
+    linear_accuracy = max(v["accuracy"] for v in variants if v["model_name"] == "linear")
+    hidden_accuracy = max(v["accuracy"] for v in variants if v["model_name"] == "hidden")
+    assert hidden_accuracy > linear_accuracy
+
+    # High accuracy: only the hidden-layer model qualifies.
+    accurate = query_until_active(client, app, accuracy=hidden_accuracy, latency=500.0)
+    assert accurate["model"] == "hidden"
+    assert accurate["predictions"] == [int(digits()[1][3])]
+    assert set(accurate["timingsMs"]) >= {"selection_ms", "queue_ms", "inference_ms", "total_ms"}
+
+    # Low accuracy and a budget only a loaded variant meets: the cheap linear one.
+    fast_budget = 2 * min(v["latency_p99_ms"]["1"] for v in variants) + 0.05
+    fast = query_until_active(client, app, accuracy=linear_accuracy - 0.01, latency=fast_budget)
+    assert fast["variantState"] == "active"
+    assert fast["model"] in {"linear", "hidden"}
+
+    # The CLI query, and the impossible one naming the closest variant.
+    shown = cli(stack, "query", "--app", app, "--inputs", str(workdir / "sample.npy"), "--model", "linear")
+    assert "predictions:" in shown.stdout and f"{app}/linear/" in shown.stdout
+    impossible = cli(
+        stack,
+        "query",
+        "--app",
+        app,
+        "--inputs",
+        str(workdir / "sample.npy"),
+        "--accuracy",
+        "1.0",
+        "--latency",
+        "0.001",
+        check=False,
+    )
+    assert impossible.returncode == 2
+    assert "targets_unreachable" in impossible.stderr and "closest" in impossible.stderr
+
+    # Bad input over the wire: a clear 4xx. (json.dumps writes NaN, as many clients do.)
+    body = json.dumps({"appID": app, "modelName": "linear", "inputs": [[[float("nan")] * 8] * 8]})
+    response = httpx.post(
+        f"{stack.url}/v1/online_query",
+        content=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert "NaN" in response.json()["error"]["message"]
+
+
+def test_readme_flow_on_the_embedded_default(memory_stack: RunningStack, tmp_path: Path) -> None:
+    run_flow(memory_stack, tmp_path)
+    assert memory_stack.stop() == 0
+
+
+def test_readme_flow_against_real_redis(tmp_path: Path) -> None:
+    url = service_url("MODELLESS_TEST_REDIS_URL")
+    prefix = f"e2e-{uuid.uuid4().hex[:8]}:"
+    stack = start_stack(tmp_path / "state", f"{url}?prefix={prefix}")
+    try:
+        run_flow(stack, tmp_path)
+        client = Client(
+            stack.url, api_key=json.loads((stack.state_dir / "credentials.json").read_text()).popitem()[1]
+        )
+        workers = {w["worker_id"]: w for w in client.workers()}
+        assert {"cpu-0", "cpu-1"} <= set(workers)
+        assert any(w["instances"] for w in workers.values())
+    finally:
+        assert stack.stop() == 0
+        from modelless.metadata.redis import RedisMetadataStore
+
+        RedisMetadataStore.from_url(f"{url}?prefix={prefix}").flush_namespace()
+
+
+def child_pids(parent: int) -> list[int]:
+    """Direct children of ``parent``, read from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_ctrl_c_stops_every_process(memory_stack: RunningStack) -> None:
+    children = child_pids(memory_stack.process.pid)
+    assert len(children) >= 2  # the worker processes
+    assert memory_stack.stop() == 0
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]
+
+
+def test_uploads_over_the_size_limit_are_refused(memory_stack: RunningStack) -> None:
+    stack = memory_stack
+    admin = Client(stack.url, admin_key=stack.admin_key)
+    key = admin.create_app("sizes")
+    huge = io.BytesIO(b"\0" * (65 * 1024 * 1024))
+    response = httpx.post(
+        f"{stack.url}/v1/register_model",
+        headers={"Authorization": f"Bearer {key}"},
+        data={"appID": "sizes", "modelName": "big"},
+        files={"model": ("big.onnx", huge), "valSet": ("v.npz", valset_npz())},
+        timeout=60,
+    )
+    assert response.status_code == 413
+    assert "limit" in response.json()["error"]["message"]
+    assert Client(stack.url, api_key=key).models() == []
