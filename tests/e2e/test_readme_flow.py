@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 
 from modelless.client import Client, ModellessClientError
 from tests.conftest import service_url
