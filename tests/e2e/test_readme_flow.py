@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -39,12 +40,12 @@ def write_models(directory: Path) -> None:
     np.save(directory / "sample.npy", images[3])
 
 
-def query_until_active(client: Client, app: str, **targets: float) -> dict[str, object]:
+def query_until_active(client: Client, app: str, accuracy: float, latency: float) -> dict[str, Any]:
     """The first query with tight targets may miss while its variant loads; bounded retries."""
     deadline = time.monotonic() + 20
     while True:
         try:
-            reply = client.online_query(digits()[0][3], app, **targets)
+            reply = client.online_query(digits()[0][3], app, latency=latency, accuracy=accuracy)
         except ModellessClientError as error:
             if error.status != 422 or "warming" not in error.details or time.monotonic() > deadline:
                 raise
