@@ -88,7 +88,7 @@ def test_cpu_worker_handler_runs_the_variant(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv("MODELLESS_REPOSITORY_URL", str(tmp_path / "repo"))
     monkeypatch.setenv("MODELLESS_CACHE_DIR", str(tmp_path / "cache"))
     worker = fresh_import("functions.cpu_worker.app")
-    images, labels = digits()
+    images = digits()[0]
     event = {
         "variant_id": variant.variant_id,
         "variant": variant.to_json(),
