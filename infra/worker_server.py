@@ -34,13 +34,15 @@ class Worker:
 
     def invoke(self, payload: dict[str, Any]) -> dict[str, Any]:
         variant = VariantProfile.from_json(payload["variant"])
-        self.monitor.loaded(variant)
         self.monitor.started(variant.variant_id)
         try:
             result = self.runtime.handle_invocation(payload)
         except Exception:
             self.monitor.abandoned(variant.variant_id)
             raise
+        # Only a variant that really loaded counts as an instance (a failed load must not
+        # appear Active to selection, nor take a slot).
+        self.monitor.loaded(variant)
         self.monitor.finished(
             variant.variant_id, time.time(), result["batch"], result["queue_ms"], result["inference_ms"]
         )

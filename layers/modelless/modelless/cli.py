@@ -91,7 +91,7 @@ def variant_rows(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "load ms": f"{v['load_latency_ms']:.1f}",
                 "MB": f"{v['size_bytes'] / 1e6:.2f}",
                 "peak MB": f"{v['peak_memory_mb']:.1f}",
-                "$/1M q": f"{(v['price_per_second'] * p50[1] / 1000 + v['request_price']) * 1e6:.4f}",
+                "$/1M q": f"{(v['price_per_second'] * p99[1] / 1000 + v['request_price']) * 1e6:.4f}",
                 "measured on": v["hardware"] + ("" if v["measured_on_target"] else " (not target hw)"),
             }
         )

@@ -58,7 +58,9 @@ class WorkerMonitor:
     def finished(self, variant_id: str, at: float, batch: int, queue_ms: float, inference_ms: float) -> None:
         with self._lock:
             self._in_flight[variant_id] = max(0, self._in_flight.get(variant_id, 0) - 1)
-            self._runs.setdefault(variant_id, deque()).append(_Run(at, batch, queue_ms, inference_ms))
+            runs = self._runs.get(variant_id)
+            if runs is not None:  # a run that ends after its unload must not bring the instance back
+                runs.append(_Run(at, batch, queue_ms, inference_ms))
 
     def snapshot(self, now: float) -> WorkerState:
         instances: list[InstanceStats] = []
@@ -72,9 +74,7 @@ class WorkerMonitor:
                 busy_ms_total += busy_ms
                 p50 = _percentile(latencies, 0.5)
                 p99 = _percentile(latencies, 0.99)
-                state = _state(
-                    self._profiles.get(variant_id), busy_ms / (WINDOW_S * 1000), p99, bool(latencies)
-                )
+                state = _state(self._profiles.get(variant_id), busy_ms / (WINDOW_S * 1000), runs)
                 instances.append(
                     InstanceStats(
                         variant_id=variant_id,
@@ -98,14 +98,17 @@ class WorkerMonitor:
         )
 
 
-def _state(
-    profile: VariantProfile | None, busy_fraction: float, p99_ms: float, has_runs: bool
-) -> InstanceState:
+def _state(profile: VariantProfile | None, busy_fraction: float, runs: deque[_Run]) -> InstanceState:
     if busy_fraction >= OVERLOADED_BUSY_FRACTION:
         return InstanceState.OVERLOADED
-    if profile is not None and has_runs:
-        expected = profile.latency_ms(1) * INTERFERED_FACTOR + INTERFERED_SLACK_MS
-        if p99_ms > expected:
+    if profile is not None and runs:
+        # Interference shows as inference slower than profiled at the same batch size; queueing
+        # is load, not interference, so it is left out.
+        slowdowns = sorted(
+            r.inference_ms / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
+            for r in runs
+        )
+        if _percentile(slowdowns, 0.99) > INTERFERED_FACTOR:
             return InstanceState.INTERFERED
     return InstanceState.ACTIVE
 

@@ -96,7 +96,8 @@ class RegistrationService:
             self._undo(model)
             raise
         self._background.submit(self._generate_and_profile, model, registration)
-        return registration
+        # A snapshot: the background thread goes on updating its own record.
+        return Registration.from_json(registration.to_json())
 
     def _generate_and_profile(self, model: ModelRecord, registration: Registration) -> None:
         try:

@@ -89,9 +89,15 @@ def load_valset(data: bytes, signature: ModelSignature, max_bytes: int) -> tuple
             f"validation set is {len(data)} bytes; the limit is {max_bytes}", limit=max_bytes
         )
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            if not isinstance(archive, np.lib.npyio.NpzFile):
-                raise InvalidModelError("validation set must be an .npz archive with 'inputs' and 'labels'")
+        loaded = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        raise InvalidModelError(
+            f"validation set is not a readable .npz archive: {_first_line(error)}"
+        ) from error
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise InvalidModelError("validation set must be an .npz archive with 'inputs' and 'labels'")
+    try:
+        with loaded as archive:
             missing = {"inputs", "labels"} - set(archive.files)
             if missing:
                 raise InvalidModelError(
@@ -103,10 +109,15 @@ def load_valset(data: bytes, signature: ModelSignature, max_bytes: int) -> tuple
         raise InvalidModelError(
             f"validation set is not a readable .npz archive: {_first_line(error)}"
         ) from error
+    # A member that is not .npy data comes back as raw bytes, not an array.
+    if not isinstance(inputs, np.ndarray) or not isinstance(labels, np.ndarray):
+        raise InvalidModelError("validation set members 'inputs' and 'labels' must be .npy arrays")
     if inputs.dtype.kind not in "fiu" or labels.dtype.kind not in "iu":
         raise InvalidModelError(
             f"validation inputs must be numeric and labels integers; got {inputs.dtype} and {labels.dtype}"
         )
+    if inputs.ndim == 0:
+        raise InvalidModelError("validation inputs must be an array [N, ...], not a single number")
     if len(inputs) == 0:
         raise InvalidModelError("validation set is empty")
     if list(inputs.shape[1:]) != signature.input_shape:
@@ -121,35 +132,42 @@ def load_valset(data: bytes, signature: ModelSignature, max_bytes: int) -> tuple
         )
     if labels.min() < 0 or labels.max() >= signature.num_classes:
         raise InvalidModelError(f"labels must lie in [0, {signature.num_classes}) for this model's output")
-    if not np.isfinite(inputs).all():
-        raise InvalidModelError("validation inputs contain NaN or infinity")
-    return inputs.astype(np.float32), labels.astype(np.int64)
+    as_float32 = inputs.astype(np.float32)
+    if not np.isfinite(as_float32).all():
+        raise InvalidModelError("validation inputs contain NaN or infinity, or values beyond float32's range")
+    return as_float32, labels.astype(np.int64)
 
 
 def query_inputs(raw: Any, model: ModelRecord, max_batch: int) -> np.ndarray:
     """Turn a query's ``inputs`` (nested lists) into a float32 batch the model accepts."""
+    shape = ", ".join(map(str, model.input_shape))
     try:
-        array = np.asarray(raw, dtype=np.float64)
-    except (ValueError, TypeError) as error:
+        # No dtype forced here: strings must be refused, not silently parsed as numbers.
+        array = np.asarray(raw)
+    except (ValueError, TypeError, OverflowError) as error:
         raise InvalidInputError(
-            f"inputs must be a numeric array of shape [{', '.join(map(str, model.input_shape))}] "
-            f"or [batch, {', '.join(map(str, model.input_shape))}]: {_first_line(error)}"
+            f"inputs must be a numeric array of shape [{shape}] or [batch, {shape}]: {_first_line(error)}"
         ) from error
     return check_batch(array, model, max_batch)
 
 
 def check_batch(array: np.ndarray, model: ModelRecord, max_batch: int) -> np.ndarray:
-    if array.dtype.kind not in "fiub":
-        raise InvalidInputError(f"inputs must be numeric; got dtype {array.dtype}")
     expected = list(model.input_shape)
+    dims = ", ".join(map(str, expected))
+    takes = f"model {model.model_name!r} takes [{dims}] or [batch, {dims}]"
+    if array.ndim == 0:
+        raise InvalidInputError(f"inputs have no shape (a single value); {takes}", expected=expected, got=[])
+    if array.dtype.kind not in "fiub":
+        # 'O' arrives for ragged lists and integers too large for any machine type.
+        raise InvalidInputError(
+            f"inputs must be a regular numeric array; got {array.dtype} "
+            "(strings, ragged nesting or out-of-range integers)"
+        )
     if list(array.shape) == expected:
         array = array[np.newaxis, ...]
     if list(array.shape[1:]) != expected or array.ndim != len(expected) + 1:
         raise InvalidInputError(
-            f"inputs have shape {list(array.shape)}; model {model.model_name!r} takes "
-            f"[{', '.join(map(str, expected))}] or [batch, {', '.join(map(str, expected))}]",
-            expected=expected,
-            got=list(array.shape),
+            f"inputs have shape {list(array.shape)}; {takes}", expected=expected, got=list(array.shape)
         )
     if array.shape[0] == 0:
         raise InvalidInputError("inputs hold an empty batch")
@@ -157,9 +175,11 @@ def check_batch(array: np.ndarray, model: ModelRecord, max_batch: int) -> np.nda
         raise InvalidInputError(
             f"batch of {array.shape[0]} exceeds the limit of {max_batch}", limit=max_batch
         )
-    if not np.isfinite(array).all():
-        raise InvalidInputError("inputs contain NaN or infinity")
-    return array.astype(np.float32)
+    as_float32 = array.astype(np.float32)
+    # Checked after the cast: 1e39 is finite in float64 but reaches a float32 model as inf.
+    if not np.isfinite(as_float32).all():
+        raise InvalidInputError("inputs contain NaN or infinity, or values beyond float32's range")
+    return as_float32
 
 
 def check_targets(latency_ms: float | None, accuracy: float | None) -> None:

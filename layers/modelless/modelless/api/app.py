@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from modelless import __version__
+from modelless.api.limits import BodyLimitMiddleware
 from modelless.api.routers import apps, models, operations, queries
 from modelless.api.services import Services
 from modelless.exceptions import ModellessError
@@ -29,23 +30,15 @@ def create_app(services: Services) -> FastAPI:
         app.include_router(router)
 
     @app.middleware("http")
-    async def correlate_and_limit(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+    async def correlate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         correlation_id = request.headers.get(CORRELATION_HEADER) or uuid.uuid4().hex
         request.state.correlation_id = correlation_id
         logger.set_correlation_id(correlation_id)
-        limit = _body_limit(services, request.url.path)
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            # Refused before the body is read: an oversized upload costs us nothing.
-            error = ModellessError(f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-            error.status_code, error.code = 413, "payload_too_large"
-            response: Response = _error_response(error)
-        else:
-            response = await call_next(request)
+        response = await call_next(request)
         response.headers[CORRELATION_HEADER] = correlation_id
         return response
+
+    app.add_middleware(BodyLimitMiddleware, limit_for_path=lambda path: _body_limit(services, path))
 
     @app.exception_handler(ModellessError)
     async def domain_error(_: Request, error: ModellessError) -> JSONResponse:

@@ -108,11 +108,15 @@ class LocalLambdaTier:
                     "OMP_NUM_THREADS": str(max(1, self.memory_mb // LAMBDA_MB_PER_VCPU)),
                 },
             )
-        finally:
+        except BaseException:
             with self._cond:
                 self._starting -= 1
+                self._cond.notify()
+            raise
         container = _Container(child, busy=True)
         with self._cond:
+            # One step: between "no longer starting" and "running", nobody may count neither.
+            self._starting -= 1
             self._containers.append(container)
             self.cold_starts += 1
         return container, True
