@@ -72,24 +72,19 @@ def demo_queries(client: Client, app_id: str, zoo_dir: Path) -> None:
     best = max(variants, key=lambda v: (v["accuracy"], -v["latency_p99_ms"]["1"]))
     fast_budget = round(max(0.05, fastest["latency_p99_ms"]["1"] * 3), 3)
     best_accuracy = float(best["accuracy"])
+    fast_accuracy = float(fastest["accuracy"])
+    impossible_accuracy = min(1.0, best_accuracy + 0.005)
+    fast = {"latency": fast_budget, "accuracy": fast_accuracy}
+    accurate = {"latency": 200.0, "accuracy": best_accuracy}
     cases: list[tuple[str, dict[str, Any]]] = [
-        (
-            f"fast: <= {fast_budget} ms, accuracy >= {fastest['accuracy']:.2f}",
-            {"latency": fast_budget, "accuracy": float(fastest["accuracy"])},
-        ),
-        (
-            f"accurate: accuracy >= {best_accuracy:.3f}, <= 200 ms",
-            {"latency": 200.0, "accuracy": best_accuracy},
-        ),
-        (
-            "same fast targets again (now Active)",
-            {"latency": fast_budget, "accuracy": float(fastest["accuracy"])},
-        ),
-        ("same accurate targets again", {"latency": 200.0, "accuracy": best_accuracy}),
+        (f"fast: <= {fast_budget} ms, accuracy >= {fast_accuracy:.4f}", fast),
+        (f"accurate: accuracy >= {best_accuracy:.4f}, <= 200 ms", accurate),
+        ("the fast targets again", fast),
+        ("the accurate targets again", accurate),
         ("named model: digits-mlp", {"model_name": "digits-mlp"}),
         (
-            f"impossible: accuracy >= {min(1.0, best_accuracy + 0.005):.3f} within {fast_budget} ms",
-            {"latency": fast_budget, "accuracy": min(1.0, best_accuracy + 0.005)},
+            f"impossible: accuracy >= {impossible_accuracy:.4f} within {fast_budget} ms",
+            {"latency": fast_budget, "accuracy": impossible_accuracy},
         ),
     ]
     rows = []
@@ -99,13 +94,14 @@ def demo_queries(client: Client, app_id: str, zoo_dir: Path) -> None:
             reply = client.online_query(sample, app_id, **targets)
         except ModellessClientError as error:
             closest = error.details.get("closest", {})
-            rows.append(
-                {
-                    "query": label,
-                    "variant": f"{error.status} {error.code}",
-                    "where": f"closest: {closest.get('variant')} acc={closest.get('accuracy')}",
-                }
+            warming = error.details.get("warming")
+            outcome = (
+                f"loading {warming['variant']} for next time"
+                if warming
+                else f"closest: {closest.get('variant')} (accuracy {closest.get('accuracy')})"
             )
+            rows.append({"query": label, "variant": f"{error.status} {error.code}", "where": outcome})
+            print(f"  {label}\n      -> {error.status}: {error.message}")
             continue
         rows.append(
             {

@@ -24,6 +24,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -35,8 +36,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from modelless.cli import format_table
 from torch import nn
+
+from modelless.cli import format_table
 
 SEED = 7
 FORMAT = 1
@@ -71,14 +73,19 @@ def _mlp() -> nn.Module:
 def _cnn() -> nn.Module:
     # At 8x8 a CNN would cost no more than the MLP; upsampling inside the graph gives the zoo a
     # model whose latency is clearly the highest while keeping one input signature for all three.
+    # BatchNorm makes the dozen epochs the time budget allows converge reliably across seeds, and
+    # the exporter folds it into the convolutions, so it costs nothing at inference.
     return nn.Sequential(
         nn.Upsample(size=(32, 32), mode="bilinear", align_corners=False),
         nn.Conv2d(1, 32, 3),
+        nn.BatchNorm2d(32),
         nn.ReLU(),
         nn.Conv2d(32, 64, 3),
+        nn.BatchNorm2d(64),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Conv2d(64, 64, 3),
+        nn.BatchNorm2d(64),
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
@@ -100,10 +107,11 @@ class Recipe:
 
 
 RECIPES = (
-    # Few epochs on purpose: the linear model is the zoo's cheap, visibly less accurate option.
-    Recipe("digits-linear", _linear, epochs=4, lr=0.02, weight_decay=0.0, augment=False, log_every=1),
-    Recipe("digits-mlp", _mlp, epochs=40, lr=3e-3, weight_decay=1e-4, augment=True, log_every=10),
-    Recipe("digits-cnn", _cnn, epochs=12, lr=2e-3, weight_decay=1e-4, augment=True, log_every=3),
+    # Few epochs on purpose: the linear model is the zoo's cheap, visibly less accurate option
+    # (trained to convergence it gets within a point of the MLP, which blurs the trade-off).
+    Recipe("digits-linear", _linear, epochs=6, lr=0.02, weight_decay=0.0, augment=False, log_every=2),
+    Recipe("digits-mlp", _mlp, epochs=20, lr=3e-3, weight_decay=1e-4, augment=False, log_every=5),
+    Recipe("digits-cnn", _cnn, epochs=14, lr=3e-3, weight_decay=1e-4, augment=True, log_every=3),
 )
 
 
@@ -130,8 +138,9 @@ def load_splits(seed: int = SEED) -> dict[str, Split]:
 def _jitter(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Shift each image by up to one pixel (zero fill).
 
-    load_digits centres every digit, and 1078 training images are few enough for the larger
-    models to memorise positions; a one-pixel jitter is what separates them from the linear one.
+    load_digits centres every digit, so 1078 training images teach little about position; the
+    jitter helps the translation-equivariant CNN generalise. It hurts the MLP, which sees pixels
+    by position, so only the CNN's recipe uses it.
     """
     size = batch.shape[-1]
     padded = nn.functional.pad(batch, (1, 1, 1, 1))
@@ -174,7 +183,7 @@ def train(recipe: Recipe, train_split: Split, val_split: Split, seed: int) -> tu
             batch = _jitter(inputs[index], generator) if recipe.augment else inputs[index]
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(batch), labels[index])
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()
             optimizer.step()
             schedule.step()
             loss_sum += float(loss.item()) * len(index)
@@ -188,22 +197,22 @@ def train(recipe: Recipe, train_split: Split, val_split: Split, seed: int) -> tu
 
 
 def export_onnx(model: nn.Module) -> bytes:
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
+    with tempfile.TemporaryDirectory() as scratch, warnings.catch_warnings():
         # The TorchScript exporter is chosen on purpose (a small, plain graph that every ORT
         # optimisation and quantisation pass handles); its deprecation notice is not news here.
         warnings.simplefilter("ignore", DeprecationWarning)
+        target = Path(scratch) / "model.onnx"
         torch.onnx.export(
             model,
             (torch.zeros(1, *INPUT_SHAPE),),
-            buffer,
+            target,
             dynamo=False,
             opset_version=OPSET,
             input_names=["input"],
             output_names=["logits"],
             dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
         )
-    data = buffer.getvalue()
+        data = target.read_bytes()
     onnx.checker.check_model(onnx.load_from_string(data))
     return data
 
@@ -265,8 +274,8 @@ def _npz(split: Split) -> bytes:
 def load_current(out_dir: Path) -> dict[str, Any] | None:
     """The manifest, if it is this version's and every file it lists is present at its recorded size."""
     try:
-        manifest: dict[str, Any] = json.loads((out_dir / MANIFEST).read_text())
-        if manifest.get("format") != FORMAT:
+        manifest = json.loads((out_dir / MANIFEST).read_text())
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             return None
         models = manifest["models"]
         if [m["name"] for m in models] != [r.name for r in RECIPES]:
@@ -299,7 +308,18 @@ def build_zoo(out_dir: Path, force: bool = False) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     # A stale manifest must not vouch for files this run is about to replace.
     (out_dir / MANIFEST).unlink(missing_ok=True)
+    # The demo calls this inside the serving process: leave torch's thread count as it was.
+    threads = torch.get_num_threads()
     torch.set_num_threads(TRAIN_THREADS)
+    try:
+        manifest = _train_all(out_dir)
+    finally:
+        torch.set_num_threads(threads)
+    _write_atomic(out_dir / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    return manifest
+
+
+def _train_all(out_dir: Path) -> dict[str, Any]:
     splits = load_splits()
     log(
         f"digits: {len(splits['train'][0])} train, {len(splits['val'][0])} validation, "
@@ -307,7 +327,7 @@ def build_zoo(out_dir: Path, force: bool = False) -> dict[str, Any]:
     )
     _write_atomic(out_dir / VALSET, _npz(splits["val"]))
     _write_atomic(out_dir / TESTSET, _npz(splits["test"]))
-    entries = []
+    entries: list[dict[str, Any]] = []
     for index, recipe in enumerate(RECIPES):
         model, seconds = train(recipe, splits["train"], splits["val"], SEED + index)
         data = export_onnx(model)
@@ -347,7 +367,10 @@ def build_zoo(out_dir: Path, force: bool = False) -> dict[str, Any]:
         "train_seconds_total": round(sum(e["train_seconds"] for e in entries), 2),
         "models": entries,
     }
-    _write_atomic(out_dir / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    accuracies = [e["val_accuracy"] for e in entries]
+    if accuracies != sorted(set(accuracies)):
+        # Not fatal, but the demo's story (pay latency for accuracy) needs this order.
+        log(f"warning: validation accuracy does not rise with model cost: {accuracies}")
     return manifest
 
 

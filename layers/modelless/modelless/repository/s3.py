@@ -52,6 +52,6 @@ class S3ModelRepository:
     def delete_prefix(self, prefix: str) -> int:
         keys = self.list_keys(prefix)
         for start in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
+            batch: list[Any] = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
             self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
         return len(keys)
