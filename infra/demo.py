@@ -102,6 +102,8 @@ def demo_queries(client: Client, app_id: str, zoo_dir: Path) -> None:
             )
             rows.append({"query": label, "variant": f"{error.status} {error.code}", "where": outcome})
             print(f"  {label}\n      -> {error.status}: {error.message}")
+            if warming:  # give the load the time its profile says it takes, and a margin
+                time.sleep(warming["retry_after_ms"] / 1000 + 0.2)
             continue
         rows.append(
             {

@@ -17,7 +17,7 @@ import numpy as np
 
 from modelless.client import Client, ModellessClientError
 from tests.conftest import service_url
-from tests.e2e.conftest import RunningStack, start_stack
+from tests.e2e.conftest import RunningStack, free_port, start_stack
 from tests.models import digits, hidden_model, linear_model, valset_npz
 
 
@@ -189,3 +189,41 @@ def test_uploads_over_the_size_limit_are_refused(memory_stack: RunningStack) -> 
     assert response.status_code == 413
     assert "limit" in response.json()["error"]["message"]
     assert Client(stack.url, api_key=key).models() == []
+
+
+def test_scripts_run_demo_registers_the_zoo_and_answers(tmp_path: Path) -> None:
+    """The README's first command, to the end of its demo (trains the zoo here: ~1 min)."""
+    port = free_port()
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "infra.demo",
+            "--exit-after-demo",
+            "--port",
+            str(port),
+            "--metadata",
+            "memory://",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = completed.stdout
+    assert completed.returncode == 0, output + completed.stderr
+    for model in ("digits-linear", "digits-mlp", "digits-cnn"):
+        assert f"{model}: ready, 8 variants" in output
+    assert output.count("digits/digits-") >= 24  # the variants table
+    table = output[output.index("query  ") :]
+    # Different targets pick different models: the accurate query gets the CNN...
+    accurate_row = next(line for line in table.splitlines() if line.startswith("the accurate targets again"))
+    assert "digits-cnn" in accurate_row and "active" in accurate_row
+    # ...and the fast one, once loaded, a cheaper and less accurate model.
+    fast_row = next(line for line in table.splitlines() if line.startswith("the fast targets again"))
+    assert "digits-linear" in fast_row and "active" in fast_row
+    impossible_row = next(line for line in table.splitlines() if line.startswith("impossible"))
+    assert "422 targets_unreachable" in impossible_row and "closest" in impossible_row
+    assert "modelless: stopped" in output
