@@ -23,7 +23,11 @@ from modelless.cli import format_table, load_app_key, progress_bar, save_app_key
 from modelless.client import Client, ModellessClientError
 from modelless.observability import logger as gateway_logger
 
-DEMO_APP = "digits"
+# Two apps: one serves the whole zoo; the other, a cheaper subset of it.
+DEMO_APPS: dict[str, tuple[str, ...] | None] = {
+    "digits": None,
+    "digits-lite": ("digits-tiny", "digits-linear", "digits-mlp"),
+}
 
 
 def ensure_app(client: Client, app_id: str) -> tuple[str, str]:
@@ -42,10 +46,14 @@ def ensure_app(client: Client, app_id: str) -> tuple[str, str]:
     return app_id, key
 
 
-def register_zoo(client: Client, app_id: str, zoo_dir: Path, manifest: dict[str, Any]) -> None:
+def register_zoo(
+    client: Client, app_id: str, zoo_dir: Path, manifest: dict[str, Any], only: tuple[str, ...] | None
+) -> None:
     ready = {m["model_name"] for m in client.models() if m["ready"]}
     for model in manifest["models"]:
         name = model["name"]
+        if only is not None and name not in only:
+            continue
         if name in ready:
             print(f"  {name}: already registered")
             continue
@@ -57,8 +65,8 @@ def register_zoo(client: Client, app_id: str, zoo_dir: Path, manifest: dict[str,
 
         final = client.wait_for_registration(reply["registrationId"], on_progress=show)
         print(
-            f"\r  {name}: {final['status']}, {len(final['variantIds'])} variants in "
-            f"{time.monotonic() - started:.1f} s".ljust(110)
+            f"\r  {name}: {final['status']}, {len(final['variantIds'])} variants "
+            f"({final['pruned']} dominated ones pruned) in {time.monotonic() - started:.1f} s".ljust(110)
         )
         if final["status"] != "ready":
             raise SystemExit(f"registration of {name} failed: {final['message']}")
@@ -121,6 +129,23 @@ def demo_queries(client: Client, app_id: str, zoo_dir: Path) -> None:
     print(format_table(rows, ["query", "variant", "where", "state", "total ms", "select ms", "pred/label"]))
 
 
+def zoo_summary(variants_by_app: dict[str, list[dict[str, Any]]]) -> str:
+    """Variants per app and the spread of latency and accuracy they offer."""
+    lines = []
+    everything = [v for variants in variants_by_app.values() for v in variants]
+    for app, variants in variants_by_app.items():
+        models = sorted({v["model_name"] for v in variants})
+        lines.append(f"app {app}: {len(variants)} variants of {len(models)} models")
+    latencies = [v["latency_p50_ms"]["1"] for v in everything]
+    accuracies = [v["accuracy"] for v in everything]
+    fastest, slowest = min(latencies), max(latencies)
+    lines.append(
+        f"in all: {len(everything)} variants; batch-1 p50 latency {fastest:.3f}..{slowest:.3f} ms "
+        f"({slowest / fastest:.0f}x); accuracy {min(accuracies):.4f}..{max(accuracies):.4f}"
+    )
+    return "\n".join(lines)
+
+
 def run_demo(url: str, zoo_dir: Path, done: threading.Event, failures: list[str]) -> None:
     from infra.demo_models import build_zoo
 
@@ -131,17 +156,21 @@ def run_demo(url: str, zoo_dir: Path, done: threading.Event, failures: list[str]
         print("building the demo zoo (trained here on scikit-learn's digits)...", flush=True)
         manifest = build_zoo(zoo_dir)
         admin = Client(url, admin_key=os.environ["MODELLESS_ADMIN_KEY"])
-        app_id, key = ensure_app(admin, DEMO_APP)
-        client = Client(url, api_key=key)
-        print(f"registering the demo models in app {app_id!r} (variants are generated and profiled):")
-        register_zoo(client, app_id, zoo_dir, manifest)
-        print("\nvariants:")
+        clients: dict[str, Client] = {}
+        for wanted, only in DEMO_APPS.items():
+            app_id, key = ensure_app(admin, wanted)
+            clients[app_id] = Client(url, api_key=key)
+            print(f"registering demo models in app {app_id!r} (variants are generated and profiled):")
+            register_zoo(clients[app_id], app_id, zoo_dir, manifest, only)
+        main_app, client = next(iter(clients.items()))
+        print(f"\nvariants of app {main_app!r}:")
         rows = variant_rows(client.variants())
         print(format_table(rows, list(rows[0])))
+        print("\n" + zoo_summary({app: c.variants() for app, c in clients.items()}))
         print("\nqueries (model-less: only targets are given):")
-        demo_queries(client, app_id, zoo_dir)
+        demo_queries(client, main_app, zoo_dir)
         print(
-            f"\nserving on {url} — try: .venv/bin/modelless variants --app {app_id}   (Ctrl-C stops)",
+            f"\nserving on {url} — try: .venv/bin/modelless variants --app {main_app}   (Ctrl-C stops)",
             flush=True,
         )
     except Exception as error:  # the demo failing must not leave the server up silently

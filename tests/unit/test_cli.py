@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from modelless import cli
-from modelless.cli import build_parser, format_table, load_inputs, progress_bar, variant_rows
+from modelless.cli import (
+    build_parser,
+    format_table,
+    load_inputs,
+    progress_bar,
+    registration_lines,
+    variant_rows,
+)
 from modelless.types import VariantProfile
 
 
@@ -115,6 +122,8 @@ def test_variant_rows_formats_one_variant() -> None:
         "p50@1 ms": "0.500",
         "p99@1 ms": "1.000",
         "p50@8 ms": "2.000",
+        "sat q/s": "0",
+        "best batch": "-",
         "load ms": "12.3",
         "MB": "2.50",
         "peak MB": "33.3",
@@ -123,6 +132,38 @@ def test_variant_rows_formats_one_variant() -> None:
         "$/1M q": "1.2000",
         "measured on": "cpu-x (not target hw)",
     }
+
+
+def test_variant_rows_show_throughput_best_batch_and_imported_profiles() -> None:
+    imported = variant_json("gpu", hardware="g4dn.xlarge T4")
+    imported.update(saturation_qps=12345.6, max_useful_batch=32, imported=True)
+    [row] = variant_rows([imported])
+    assert row["sat q/s"] == "12346"
+    assert row["best batch"] == "32"
+    assert row["measured on"] == "g4dn.xlarge T4 (imported)"
+
+
+def test_registration_lines_show_each_model_with_its_bar() -> None:
+    lines = registration_lines(
+        [{"modelName": "m1", "status": "profiling", "done": 3, "total": 6, "message": "profiled x"}]
+    )
+    assert lines[0].startswith("m1 ")
+    assert "3/6 profiling: profiled x" in lines[0]
+
+
+def test_parser_knows_watch_registrations_and_import() -> None:
+    parser = build_parser()
+    watch = parser.parse_args(["variants", "--app", "a", "--watch", "--interval", "0.5"])
+    assert watch.watch and watch.interval == 0.5
+    assert parser.parse_args(["registrations", "--app", "a"]).app == "a"
+    imported = parser.parse_args(["import-profiles", "--app", "a", "--model", "m", "gpu.json"])
+    assert (imported.model, imported.file) == ("m", "gpu.json")
+    assert (
+        parser.parse_args(
+            ["register", "--app", "a", "--name", "n", "--model", "f", "--valset", "v", "--metric", "top5"]
+        ).metric
+        == "top5"
+    )
 
 
 def test_variant_rows_on_target_hardware_has_no_note() -> None:

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +76,14 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def variant_rows(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
-    for v in sorted(
-        variants,
-        key=lambda v: (v["model_name"], v["latency_p99_ms"].get("1", 0)),
-    ):
+    for v in sorted(variants, key=lambda v: (v["model_name"], v["latency_p99_ms"].get("1", 0))):
         p50 = {int(k): val for k, val in v["latency_p50_ms"].items()}
         p99 = {int(k): val for k, val in v["latency_p99_ms"].items()}
+        source = v["hardware"]
+        if v.get("imported"):
+            source += " (imported)"
+        elif not v["measured_on_target"]:
+            source += " (not target hw)"
         rows.append(
             {
                 "variant": v["variant_id"],
@@ -88,14 +91,21 @@ def variant_rows(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "p50@1 ms": f"{p50[1]:.3f}",
                 "p99@1 ms": f"{p99[1]:.3f}",
                 f"p50@{max(p50)} ms": f"{p50[max(p50)]:.3f}",
+                "sat q/s": f"{v.get('saturation_qps', 0.0):.0f}",
+                "best batch": str(v.get("max_useful_batch") or "-"),
                 "load ms": f"{v['load_latency_ms']:.1f}",
                 "MB": f"{v['size_bytes'] / 1e6:.2f}",
                 "peak MB": f"{v['peak_memory_mb']:.1f}",
+                # The same p99-based cost that selection ranks variants by.
                 "$/1M q": f"{(v['price_per_second'] * p99[1] / 1000 + v['request_price']) * 1e6:.4f}",
-                "measured on": v["hardware"] + ("" if v["measured_on_target"] else " (not target hw)"),
+                "measured on": source,
             }
         )
     return rows
+
+
+def registration_lines(registrations: list[dict[str, Any]]) -> list[str]:
+    return [f"{r['modelName']:<24} {progress_bar(r)}" for r in registrations]
 
 
 def load_inputs(path: Path) -> Any:
@@ -116,7 +126,7 @@ def _cmd_create_app(args: argparse.Namespace) -> None:
 
 def _cmd_register(args: argparse.Namespace) -> None:
     with _client(args) as client:
-        reply = client.register_model(args.name, Path(args.model), Path(args.valset), args.app)
+        reply = client.register_model(args.name, Path(args.model), Path(args.valset), args.app, args.metric)
         print(f"registration {reply['registrationId']} accepted")
         if args.no_wait:
             return
@@ -127,7 +137,9 @@ def _cmd_register(args: argparse.Namespace) -> None:
         print()
         if final["status"] == "failed":
             raise SystemExit(f"registration failed: {final['message']}")
-        print(f"{args.name}: {len(final['variantIds'])} variants ready")
+        print(
+            f"{args.name}: {len(final['variantIds'])} variants ready ({final['pruned']} pruned as dominated)"
+        )
 
 
 def _cmd_status(args: argparse.Namespace) -> None:
@@ -155,9 +167,49 @@ def _cmd_query(args: argparse.Namespace) -> None:
 
 def _cmd_variants(args: argparse.Namespace) -> None:
     with _client(args) as client:
+        if args.watch:
+            _watch(client, args.model, args.interval)
+            return
         variants = client.variants(args.model)
     rows = variant_rows(variants)
     print(format_table(rows, list(rows[0]) if rows else ["variant"]))
+
+
+def _watch(client: Client, model: str | None, interval_s: float) -> None:
+    """Redraw registrations and the variants table until every registration has finished."""
+    live = sys.stdout.isatty()
+    shown = ""
+    while True:
+        registrations = client.registrations()
+        rows = variant_rows(client.variants(model))
+        screen = "\n".join(
+            [
+                *registration_lines(registrations),
+                "",
+                format_table(rows, list(rows[0]) if rows else ["variant"]),
+            ]
+        )
+        if screen != shown:
+            # On a terminal, redraw in place; into a file or pipe, append only what changed.
+            print(("\033[H\033[J" if live else "") + screen, flush=True)
+            shown = screen
+        if all(r["status"] in {"ready", "failed"} for r in registrations):
+            return
+        time.sleep(interval_s)
+
+
+def _cmd_registrations(args: argparse.Namespace) -> None:
+    with _client(args) as client:
+        print("\n".join(registration_lines(client.registrations())) or "no registrations")
+
+
+def _cmd_import_profiles(args: argparse.Namespace) -> None:
+    profiles = json.loads(Path(args.file).read_text())
+    if not isinstance(profiles, list):
+        raise SystemExit(f"{args.file} must hold a JSON list of profiles")
+    with _client(args) as client:
+        imported = client.import_profiles(args.model, profiles, args.app)
+    print(f"imported {len(imported)} profile(s):\n" + "\n".join(imported))
 
 
 def _cmd_workers(args: argparse.Namespace) -> None:
@@ -193,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     register.add_argument("--name", required=True, help="model name")
     register.add_argument("--model", required=True, help="ONNX file")
     register.add_argument("--valset", required=True, help=".npz with 'inputs' and 'labels'")
+    register.add_argument("--metric", default="top1", choices=["top1", "top5"], help="accuracy metric")
     register.add_argument("--no-wait", action="store_true", help="return once accepted")
     register.set_defaults(run=_cmd_register)
 
@@ -213,7 +266,21 @@ def build_parser() -> argparse.ArgumentParser:
     variants = commands.add_parser("variants", help="table of the app's variants and their profiles")
     variants.add_argument("--app", required=True)
     variants.add_argument("--model")
+    variants.add_argument("--watch", action="store_true", help="live table until registrations finish")
+    variants.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     variants.set_defaults(run=_cmd_variants)
+
+    registrations = commands.add_parser("registrations", help="registration progress of the app's models")
+    registrations.add_argument("--app", required=True)
+    registrations.set_defaults(run=_cmd_registrations)
+
+    importing = commands.add_parser(
+        "import-profiles", help="import profiles measured on hardware this deployment lacks (GPU, Inferentia)"
+    )
+    importing.add_argument("--app", required=True)
+    importing.add_argument("--model", required=True)
+    importing.add_argument("file", help="JSON list of profiles (see docs/VARIANTS.md)")
+    importing.set_defaults(run=_cmd_import_profiles)
 
     workers = commands.add_parser("workers", help="live worker state")
     workers.add_argument("--app", required=True)

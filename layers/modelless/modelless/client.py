@@ -74,20 +74,40 @@ class Client:
         return str(self._call("POST", "/v1/apps", admin=True, json={"appID": app_id})["apiKey"])
 
     def register_model(
-        self, model_name: str, model: Path | bytes, val_set: Path | bytes, app_id: str
+        self,
+        model_name: str,
+        model: Path | bytes | Any,
+        val_set: Path | bytes,
+        app_id: str,
+        metric: str = "top1",
     ) -> dict[str, Any]:
-        model_bytes = model.read_bytes() if isinstance(model, Path) else model
+        """Register an ONNX file (path or bytes) or a PyTorch module, exported to ONNX here, on
+        the client, so that the server never loads a pickle."""
         valset_bytes = val_set.read_bytes() if isinstance(val_set, Path) else val_set
+        if isinstance(model, Path):
+            model_bytes = model.read_bytes()
+        elif isinstance(model, bytes):
+            model_bytes = model
+        else:
+            model_bytes = export_torch_module(model, valset_bytes)
         reply: dict[str, Any] = self._call(
             "POST",
             "/v1/register_model",
-            data={"appID": app_id, "modelName": model_name},
+            data={"appID": app_id, "modelName": model_name, "metric": metric},
             files={
                 "model": (f"{model_name}.onnx", model_bytes, "application/octet-stream"),
                 "valSet": ("valset.npz", valset_bytes, "application/octet-stream"),
             },
         )
         return reply
+
+    def registrations(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/registrations")["registrations"])
+
+    def import_profiles(self, model_name: str, profiles: list[dict[str, Any]], app_id: str) -> list[str]:
+        """Import profiles measured on hardware the deployment lacks (see ``modelless import-profiles``)."""
+        body = {"appID": app_id, "modelName": model_name, "profiles": profiles}
+        return list(self._call("POST", "/v1/variants/import", json=body)["imported"])
 
     def registration(self, registration_id: str) -> dict[str, Any]:
         reply: dict[str, Any] = self._call("GET", f"/v1/registrations/{registration_id}")
@@ -141,3 +161,29 @@ class Client:
 
     def workers(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/workers")["workers"])
+
+
+def export_torch_module(module: Any, valset_npz: bytes) -> bytes:
+    """A ``torch.nn.Module`` (or TorchScript module) as ONNX with a dynamic batch dimension,
+    traced on the validation set's first input. torch is needed only on this path."""
+    import io
+    import tempfile
+
+    import torch
+
+    with np.load(io.BytesIO(valset_npz), allow_pickle=False) as data:
+        example = torch.from_numpy(data["inputs"][:1].astype(np.float32))
+    module.eval()
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        target = Path(tmp) / "model.onnx"
+        torch.onnx.export(
+            module,
+            (example,),
+            target,
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        return target.read_bytes()

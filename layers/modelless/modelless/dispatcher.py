@@ -21,7 +21,7 @@ from modelless.exceptions import (
 )
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker, WorkerUnreachableError
-from modelless.runtime import decode_array, encode_array
+from modelless.runtime import decode_array, invocation_payload
 from modelless.selection import SelectionPolicy, unreachable_error
 from modelless.types import (
     Decision,
@@ -183,12 +183,8 @@ class Dispatcher:
             return
         self._warming.add(variant.variant_id)
         contract = self.input_contract(variant.app_id, variant.model_name)
-        payload = {
-            "variant_id": variant.variant_id,
-            "variant": variant.to_json(),
-            "inputs_npy_b64": encode_array(np.zeros((1, *contract.input_shape), dtype=np.float32)),
-            "correlation_id": f"warmup-{uuid.uuid4().hex}",
-        }
+        zeros = np.zeros((1, *contract.input_shape), dtype=np.float32)
+        payload = invocation_payload(variant, zeros, f"warmup-{uuid.uuid4().hex}")
 
         def load() -> None:
             try:
@@ -228,12 +224,7 @@ class Dispatcher:
         started = time.perf_counter()
         decision = self.select(targets)
         selected = time.perf_counter()
-        payload: dict[str, Any] = {
-            "variant_id": decision.variant.variant_id,
-            "variant": decision.variant.to_json(),
-            "inputs_npy_b64": encode_array(inputs),
-            "correlation_id": query_id,
-        }
+        payload = invocation_payload(decision.variant, inputs, query_id)
         timeout_s = MAX_INVOKE_TIMEOUT_S
         tier, retried = decision.tier, False
         try:

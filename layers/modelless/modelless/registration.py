@@ -21,15 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from aws_lambda_powertools import Logger
 
 from modelless.config import Settings
-from modelless.exceptions import InvalidModelError
+from modelless.exceptions import InvalidInputError, InvalidModelError
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import PoolKind, PoolSpec
+from modelless.pools.catalog import Placement, PoolSpec, placements
 from modelless.repository.base import ModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
 from modelless.validation import check_name, inspect_model, load_valset
+from variants.pruning import prune_dominated
+from variants.recipes import ACCURACY_METRICS, Recipe
 
 logger = Logger(service="registrar", child=True)
 
@@ -57,8 +60,12 @@ class RegistrationService:
         # One registration at a time, so that concurrent profiles do not disturb each other.
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="registrar")
 
-    def register(self, app_id: str, model_name: str, model_bytes: bytes, valset_bytes: bytes) -> Registration:
+    def register(
+        self, app_id: str, model_name: str, model_bytes: bytes, valset_bytes: bytes, metric: str = "top1"
+    ) -> Registration:
         check_name("modelName", model_name)
+        if metric not in ACCURACY_METRICS:
+            raise InvalidInputError(f"metric {metric!r} is not one of {list(ACCURACY_METRICS)}")
         signature = inspect_model(model_bytes, self._settings.max_model_bytes)
         load_valset(valset_bytes, signature, self._settings.max_valset_bytes)
 
@@ -95,21 +102,29 @@ class RegistrationService:
         except Exception:
             self._undo(model)
             raise
-        self._background.submit(self._generate_and_profile, model, registration)
+        self._background.submit(self._generate_and_profile, model, registration, metric)
         # A snapshot: the background thread goes on updating its own record.
         return Registration.from_json(registration.to_json())
 
-    def _generate_and_profile(self, model: ModelRecord, registration: Registration) -> None:
+    def _generate_and_profile(self, model: ModelRecord, registration: Registration, metric: str) -> None:
         try:
             with tempfile.TemporaryDirectory(prefix="modelless-reg-") as tmp:
-                variants = self._build_variants(model, registration, Path(tmp))
+                generated = self._build_variants(model, registration, Path(tmp), metric)
+            variants, pruned = prune_dominated(generated)
             registration.status = RegistrationStatus.READY
             registration.finished_at = time.time()
-            registration.variant_ids = [v.variant_id for v in variants]
-            registration.message = f"{len(variants)} variants profiled"
+            registration.variant_ids = sorted(v.variant_id for v in variants)
+            registration.pruned = len(pruned)
+            registration.message = (
+                f"{len(generated)} variants generated and profiled; {len(pruned)} pruned as dominated "
+                f"(slower, costlier and no more accurate than another of their pool); {len(variants)} kept"
+            )
             ready = dataclasses.replace(model, ready=True)
             self._store.publish_variants(ready, variants, registration)
-            logger.info("registration ready", extra={"model": model.model_name, "variants": len(variants)})
+            logger.info(
+                "registration ready",
+                extra={"model": model.model_name, "variants": len(variants), "pruned": len(pruned)},
+            )
         except Exception as error:
             logger.exception("registration failed", extra={"model": model.model_name})
             self._undo(model)
@@ -119,62 +134,63 @@ class RegistrationService:
             self._store.put_registration(registration)
 
     def _build_variants(
-        self, model: ModelRecord, registration: Registration, tmp: Path
+        self, model: ModelRecord, registration: Registration, tmp: Path, metric: str
     ) -> list[VariantProfile]:
         prefix = model_prefix(model.app_id, model.model_name)
         source = tmp / "source.onnx"
         source.write_bytes(self._repository.get(model.artifact_key))
         valset = tmp / "valset.npz"
         valset.write_bytes(self._repository.get(f"{prefix}valset.npz"))
+        with np.load(valset, allow_pickle=False) as data:
+            examples = len(data["labels"])
+        # Static INT8 calibrates on the first examples; every variant's accuracy is then measured
+        # on the others, so that all accuracies are comparable and none is measured on its own
+        # calibration data. Too small a set is kept whole and static INT8 skipped.
+        calibration = (
+            min(MAX_CALIBRATION_EXAMPLES, examples // 4) if examples >= MIN_EXAMPLES_TO_CALIBRATE else 0
+        )
 
         self._progress(
             registration, RegistrationStatus.GENERATING, "building optimised and quantised artifacts"
         )
-        artifacts = {
-            recipe: Path(path) for recipe, path in _run_step("build", source, tmp / "artifacts").items()
-        }
-
-        thread_counts = sorted({_threads(pool) for pool in self._pools.values()})
-        registration.total = len(artifacts) * len(thread_counts)
+        build_args: list[object] = [source, tmp / "artifacts"]
+        if calibration:
+            build_args += ["--calibration", valset, "--calibration-count", calibration]
+        artifacts = _run_step("build", *build_args)
+        cpu_placements = [
+            p for pool in self._pools.values() if pool.device == "cpu" for p in placements(pool)
+        ]
+        thread_counts = sorted({p.threads for p in cpu_placements})
+        runnable = [a for a in artifacts if a["runs_on_cpu"]]
+        registration.total = len(runnable) * len(thread_counts)
         self._progress(registration, RegistrationStatus.PROFILING, "profiling variants")
+
         variants: list[VariantProfile] = []
-        for recipe, path in sorted(artifacts.items()):
-            key = f"{prefix}variants/{recipe}.onnx"
-            self._repository.put(key, path.read_bytes())
+        for artifact in sorted(artifacts, key=lambda a: str(a["recipe"])):
+            recipe = Recipe.parse(str(artifact["recipe"]))
+            key = f"{prefix}variants/{recipe.name}.onnx"
+            self._repository.put(key, Path(str(artifact["path"])).read_bytes())
+            if not artifact["runs_on_cpu"]:
+                continue  # kept for pools with the hardware; profiles come from where it runs
+            # A cold load starts from the repository: time the fetch, add the session's start-up.
+            fetch_started = time.perf_counter()
+            self._repository.get(key)
+            fetch_ms = (time.perf_counter() - fetch_started) * 1000
             for threads in thread_counts:
-                # Each profile in its own fresh process: its peak memory is the variant's own.
-                measured = _run_step("measure", path, valset, threads, self._settings.profile_runs)
+                # Each profile in its own fresh process: its memory is the variant's own.
+                measured = _run_step(
+                    "measure", artifact["path"], valset,
+                    "--threads", threads, "--runs", self._settings.profile_runs,
+                    "--metric", metric, "--accuracy-from", calibration,
+                )  # fmt: skip
                 registration.done += 1
                 self._progress(
-                    registration, RegistrationStatus.PROFILING, f"profiled {recipe} at {threads} thread(s)"
+                    registration,
+                    RegistrationStatus.PROFILING,
+                    f"profiled {recipe.name} at {threads} thread(s)",
                 )
-                precision, opt_level = recipe.split("-", 1)
-                for pool in self._pools.values():
-                    if _threads(pool) != threads:
-                        continue
-                    variants.append(
-                        VariantProfile(
-                            variant_id=variant_id(model.app_id, model.model_name, recipe, pool.name),
-                            app_id=model.app_id,
-                            model_name=model.model_name,
-                            pool=pool.name,
-                            precision=precision,
-                            opt_level=opt_level,
-                            threads=threads,
-                            artifact_key=key,
-                            size_bytes=measured["size_bytes"],
-                            load_latency_ms=measured["load_latency_ms"],
-                            latency_p50_ms={int(b): t for b, t in measured["latency_p50_ms"].items()},
-                            latency_p99_ms={int(b): t for b, t in measured["latency_p99_ms"].items()},
-                            peak_memory_mb=measured["peak_memory_mb"],
-                            accuracy=measured["accuracy"],
-                            price_per_second=pool.instance_price_per_second(threads),
-                            request_price=pool.request_price,
-                            hardware=measured["hardware"],
-                            # The embedded stack runs every CPU pool, Lambda's included, here.
-                            measured_on_target=pool.device == "cpu",
-                        )
-                    )
+                for placement in (p for p in cpu_placements if p.threads == threads):
+                    variants.append(_profile(model, recipe, key, placement, measured, fetch_ms))
         return variants
 
     def _progress(self, registration: Registration, status: RegistrationStatus, message: str) -> None:
@@ -194,15 +210,48 @@ class RegistrationService:
         self._background.shutdown(wait=False, cancel_futures=True)
 
 
-def _threads(pool: PoolSpec) -> int:
-    # Lambda's threads follow its memory size; a provisioned instance gets one vCPU of its worker.
-    return pool.vcpus_per_worker if pool.kind is PoolKind.LAMBDA else 1
+def _profile(
+    model: ModelRecord,
+    recipe: Recipe,
+    key: str,
+    placement: Placement,
+    measured: dict[str, Any],
+    fetch_ms: float,
+) -> VariantProfile:
+    return VariantProfile(
+        variant_id=variant_id(model.app_id, model.model_name, recipe.name, placement.name),
+        app_id=model.app_id,
+        model_name=model.model_name,
+        pool=placement.pool.name,
+        precision=recipe.precision,
+        opt_level=recipe.opt_level,
+        threads=placement.threads,
+        artifact_key=key,
+        size_bytes=measured["size_bytes"],
+        load_latency_ms=round(measured["load_latency_ms"] + fetch_ms, 3),
+        latency_p50_ms={int(b): t for b, t in measured["latency_p50_ms"].items()},
+        latency_p99_ms={int(b): t for b, t in measured["latency_p99_ms"].items()},
+        peak_memory_mb=measured["peak_memory_mb"],
+        accuracy=measured["accuracy"],
+        price_per_second=placement.price_per_second,
+        request_price=placement.pool.request_price,
+        hardware=measured["hardware"],
+        # The embedded stack runs its CPU pools, Lambda's included, on this machine.
+        measured_on_target=True,
+        memory_mb=placement.memory_mb,
+        saturation_qps=measured["saturation_qps"],
+        max_useful_batch=measured["max_useful_batch"],
+        accuracy_metric=measured["accuracy_metric"],
+        accuracy_examples=measured["accuracy_examples"],
+    )
 
 
 STEP_TIMEOUT_S = 600
+MAX_CALIBRATION_EXAMPLES = 128
+MIN_EXAMPLES_TO_CALIBRATE = 40
 
 
-def _run_step(command: str, *args: object) -> dict[str, Any]:
+def _run_step(command: str, *args: object) -> Any:
     """Run one ``python -m variants`` step in a child process and return its JSON answer."""
     completed = subprocess.run(
         [sys.executable, "-m", "variants", command, *map(str, args)],
@@ -214,5 +263,4 @@ def _run_step(command: str, *args: object) -> dict[str, Any]:
     if completed.returncode != 0:
         last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"variant {command} step failed: {last}")
-    result: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
-    return result
+    return json.loads(completed.stdout.strip().splitlines()[-1])

@@ -63,6 +63,12 @@ class VariantProfile:
     request_price: float  # per-invocation price (the Lambda tier's request fee; 0 elsewhere)
     hardware: str  # where the numbers were measured
     measured_on_target: bool  # False when the pool's real hardware is not this machine
+    memory_mb: int = 0  # the Lambda function's memory size (its threads follow it); 0 elsewhere
+    saturation_qps: float = 0.0  # one instance's throughput at its best batch size
+    max_useful_batch: int = 0  # the largest batch size that still raised throughput
+    accuracy_metric: str = "top1"
+    accuracy_examples: int = 0  # validation examples the accuracy was measured on
+    imported: bool = False  # measured elsewhere and imported (a pool this machine lacks)
 
     @property
     def max_batch(self) -> int:
@@ -125,6 +131,7 @@ class Registration:
     created_at: float = 0.0
     finished_at: float | None = None
     variant_ids: list[str] = field(default_factory=list)
+    pruned: int = 0  # generated variants dropped as dominated by another of the same pool
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

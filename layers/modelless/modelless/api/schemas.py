@@ -42,6 +42,16 @@ class QueryReply(BaseModel):
     timingsMs: dict[str, float]
 
 
+class ImportProfiles(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    appID: str
+    modelName: str
+    profiles: list[dict[str, Any]] = Field(
+        description="each: recipe, pool, threads or memory_mb, latency_p50_ms, latency_p99_ms "
+        "({batch: ms}), load_latency_ms, accuracy, hardware; optional peak_memory_mb, saturation_qps"
+    )
+
+
 class RegistrationReply(BaseModel):
     registrationId: str
     appID: str
@@ -51,4 +61,5 @@ class RegistrationReply(BaseModel):
     total: int
     message: str
     variantIds: list[str]
+    pruned: int
     statusUrl: str

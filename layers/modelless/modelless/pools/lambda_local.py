@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from modelless.exceptions import ServiceUnavailableError
-from modelless.pools.catalog import LAMBDA_MB_PER_VCPU
+from modelless.pools.catalog import LAMBDA_MB_PER_VCPU, lambda_threads
 from modelless.pools.invokers import WorkerUnreachableError, raise_for_worker_error
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.types import InstanceState, InstanceStats, WorkerState
@@ -28,6 +28,7 @@ LAMBDA_TIER_ID = "lambda-tier"
 @dataclass
 class _Container:
     child: ChildProcess
+    memory_mb: int
     busy: bool = False
     invocations: int = 0
     last_used: float = field(default_factory=time.monotonic)
@@ -58,7 +59,8 @@ class LocalLambdaTier:
         self.cold_starts = 0
 
     def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        container, cold = self._acquire(timeout_s)
+        # Each memory size is its own function in AWS: containers serve one size only.
+        container, cold = self._acquire(int(payload.get("memory_mb") or self.memory_mb), timeout_s)
         try:
             response = self._client.post(
                 f"{container.child.address}{INVOKE_PATH}", json=payload, timeout=timeout_s
@@ -75,16 +77,23 @@ class LocalLambdaTier:
         body["init_ms"] = container.child.started_ms if cold else 0.0
         return body
 
-    def _acquire(self, timeout_s: float) -> tuple[_Container, bool]:
+    def _acquire(self, memory_mb: int, timeout_s: float) -> tuple[_Container, bool]:
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
                 self._reap_idle_locked()
-                idle = [c for c in self._containers if not c.busy]
+                idle = [c for c in self._containers if not c.busy and c.memory_mb == memory_mb]
                 if idle:
                     chosen = max(idle, key=lambda c: c.last_used)  # warmest first, like Lambda
                     chosen.busy = True
                     return chosen, False
+                if len(self._containers) + self._starting >= self.concurrency:
+                    # At the limit: an idle container of another size gives its place up.
+                    spare = [c for c in self._containers if not c.busy]
+                    if spare:
+                        victim = min(spare, key=lambda c: c.last_used)
+                        self._containers.remove(victim)
+                        victim.child.stop(timeout_s=1.0)
                 if len(self._containers) + self._starting < self.concurrency:
                     self._starting += 1
                     break
@@ -104,8 +113,8 @@ class LocalLambdaTier:
                 ["--repository", self._repository_url, "--cache-dir", str(self._cache_dir)],
                 self._log_dir,
                 env={
-                    "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(self.memory_mb),
-                    "OMP_NUM_THREADS": str(max(1, self.memory_mb // LAMBDA_MB_PER_VCPU)),
+                    "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(memory_mb),
+                    "OMP_NUM_THREADS": str(lambda_threads(memory_mb)),
                 },
             )
         except BaseException:
@@ -113,7 +122,7 @@ class LocalLambdaTier:
                 self._starting -= 1
                 self._cond.notify()
             raise
-        container = _Container(child, busy=True)
+        container = _Container(child, memory_mb, busy=True)
         with self._cond:
             # One step: between "no longer starting" and "running", nobody may count neither.
             self._starting -= 1

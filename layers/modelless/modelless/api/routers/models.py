@@ -9,9 +9,10 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 
 from modelless.api.dependencies import CallerAppDep, KeyDep, ServicesDep
-from modelless.api.schemas import RegistrationReply
+from modelless.api.schemas import ImportProfiles, RegistrationReply
 from modelless.auth import authorize_app
 from modelless.exceptions import InvalidModelError, NotFoundError, PayloadTooLargeError
+from modelless.profile_import import import_profiles
 from modelless.types import Registration
 
 router = APIRouter(prefix="/v1", tags=["models"])
@@ -34,6 +35,7 @@ def _reply(request: Request, registration: Registration) -> RegistrationReply:
         total=registration.total,
         message=registration.message,
         variantIds=registration.variant_ids,
+        pruned=registration.pruned,
         statusUrl=str(request.url_for("registration_status", registration_id=registration.registration_id)),
     )
 
@@ -47,6 +49,7 @@ async def register_model(
     modelName: Annotated[str, Form()],
     model: Annotated[UploadFile, File(description="ONNX model file")],
     valSet: Annotated[UploadFile, File(description=".npz with 'inputs' and 'labels'")],
+    metric: Annotated[str, Form(description="accuracy metric: top1 or top5")] = "top1",
 ) -> RegistrationReply:
     authorize_app(services.store, key, appID)
     if not model.filename or not valSet.filename:
@@ -54,7 +57,7 @@ async def register_model(
     model_bytes = await _read_limited(model, services.settings.max_model_bytes, "model file")
     valset_bytes = await _read_limited(valSet, services.settings.max_valset_bytes, "validation set")
     registration = await run_in_threadpool(
-        services.registrar.register, appID, modelName, model_bytes, valset_bytes
+        services.registrar.register, appID, modelName, model_bytes, valset_bytes, metric
     )
     return _reply(request, registration)
 
@@ -67,6 +70,23 @@ def registration_status(
     if registration is None or registration.app_id != app_id:
         raise NotFoundError(f"no registration {registration_id!r} in app {app_id!r}")
     return _reply(request, registration)
+
+
+@router.get("/registrations")
+def list_registrations(request: Request, services: ServicesDep, app_id: CallerAppDep) -> dict[str, Any]:
+    """The registration of each of the app's models, finished or in progress."""
+    found = (services.store.get_registration(m.registration_id) for m in services.store.list_models(app_id))
+    return {"appID": app_id, "registrations": [_reply(request, r) for r in found if r is not None]}
+
+
+@router.post("/variants/import", status_code=201)
+def import_variant_profiles(body: ImportProfiles, services: ServicesDep, key: KeyDep) -> dict[str, Any]:
+    """Profiles measured on hardware this deployment lacks (GPU, Inferentia), marked imported."""
+    authorize_app(services.store, key, body.appID)
+    imported = import_profiles(
+        services.store, services.repository, services.pools, body.appID, body.modelName, body.profiles
+    )
+    return {"appID": body.appID, "imported": [v.variant_id for v in imported]}
 
 
 @router.get("/models")
