@@ -1,22 +1,30 @@
 """Benchmarks (``scripts/bench``). Each prints its numbers and the machine it ran on.
 
     scripts/bench selection [--architectures 3] [--queries 5000]
+    scripts/bench zoo
 
 ``selection``: per-query decision time of the Dispatcher (getVariant + worker choice): cached
 static profiles plus one live-state read from the metadata store, for the in-memory store and a
 real Redis server.
+
+``zoo``: registers the demo zoo under both demo apps, in-process, and reports for each model the
+variants generated, kept and pruned, their latency and accuracy spread, and the registration time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
 import statistics
+import tempfile
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
+from modelless.cli import format_table
 from modelless.dispatcher import Dispatcher
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.metadata.redis import RedisMetadataStore
@@ -155,6 +163,66 @@ def bench_selection(architectures: int, queries: int, workers: int, redis_url: s
         store.close()
 
 
+def bench_zoo(state_dir: Path) -> None:
+    """Register the demo zoo (both demo apps) in-process and report what registration produced."""
+    from infra.demo import DEMO_APPS, zoo_summary
+    from infra.demo_models import build_zoo
+    from modelless.config import Settings
+    from modelless.pools.catalog import DEFAULT_POOLS
+    from modelless.registration import RegistrationService
+    from modelless.repository.local import LocalModelRepository
+
+    print(f"machine: {machine()}")
+    zoo_dir = state_dir / "demo"
+    manifest = build_zoo(zoo_dir)
+    store = open_metadata_store("memory://")
+    with tempfile.TemporaryDirectory(prefix="modelless-bench-") as tmp:
+        registrar = RegistrationService(store, LocalModelRepository(Path(tmp)), Settings(), DEFAULT_POOLS)
+        rows = []
+        for app, only in DEMO_APPS.items():
+            for model in manifest["models"]:
+                if only is not None and model["name"] not in only:
+                    continue
+                started = time.perf_counter()
+                registration = registrar.register(
+                    app,
+                    model["name"],
+                    (zoo_dir / model["file"]).read_bytes(),
+                    (zoo_dir / "valset.npz").read_bytes(),
+                )
+                registrar.wait_idle()
+                seconds = time.perf_counter() - started
+                final = store.get_registration(registration.registration_id)
+                assert final is not None
+                if final.status.value != "ready":
+                    raise SystemExit(f"{app}/{model['name']}: {final.message}")
+                kept = store.list_variants(app, model["name"])
+                latencies = [v.latency_p50_ms[1] for v in kept]
+                accuracies = [v.accuracy for v in kept]
+                rows.append(
+                    {
+                        "app": app,
+                        "model": model["name"],
+                        "generated": len(kept) + final.pruned,
+                        "kept": len(kept),
+                        "pruned": final.pruned,
+                        "p50@1 ms": f"{min(latencies):.3f}..{max(latencies):.3f}",
+                        "accuracy": f"{min(accuracies):.4f}..{max(accuracies):.4f}",
+                        "register s": f"{seconds:.1f}",
+                    }
+                )
+        registrar.close()
+    print(format_table(rows, list(rows[0])))
+    as_served = {app: [json.loads(v.to_json()) for v in store.list_variants(app)] for app in DEMO_APPS}
+    print(zoo_summary(as_served))
+    durations = [float(r["register s"]) for r in rows]
+    print(
+        f"generated {sum(int(r['generated']) for r in rows)} variants; "
+        f"one registration took {min(durations):.1f}..{max(durations):.1f} s "
+        f"(median {statistics.median(durations):.1f} s)"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -167,9 +235,13 @@ def main(argv: list[str] | None = None) -> None:
     selection.add_argument(
         "--redis", default=os.environ.get("MODELLESS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
     )
+    zoo = commands.add_parser("zoo", help="register the demo zoo and report variants and registration time")
+    zoo.add_argument("--state-dir", type=Path, default=Path(".modelless"))
     args = parser.parse_args(argv)
     if args.command == "selection":
         bench_selection(args.architectures, args.queries, args.workers, args.redis)
+    elif args.command == "zoo":
+        bench_zoo(args.state_dir)
 
 
 if __name__ == "__main__":
