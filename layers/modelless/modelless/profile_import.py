@@ -2,7 +2,9 @@
 chip) is profiled where it exists and the numbers imported here, marked ``imported``.
 
 An imported profile names one of the model's generated artifacts (its recipe) and a pool of
-the catalog; everything else it states is checked for sense before it is stored.
+the catalog; everything else it states is checked for sense before it is stored. It may also be
+a CPU or Lambda pool's, measured on the real thing (a deployed Lambda function, say): it then
+replaces the profile measured here under the same variant id, and says it was imported.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def _profile(
     key = f"{model_prefix(app_id, model_name)}variants/{recipe.name}.onnx"
     if not repository.exists(key):
         raise InvalidInputError(f"{where}: the model has no {recipe.name} artifact to serve")
-    memory_mb = int(entry.get("memory_mb") or 0)
+    memory_mb = _count(entry.get("memory_mb", 0), f"{where}: memory_mb")
     if pool.kind is PoolKind.LAMBDA:
         if memory_mb <= 0:
             raise InvalidInputError(f"{where}: a Lambda profile needs memory_mb")
@@ -80,13 +82,21 @@ def _profile(
     p99 = _latency_table(entry["latency_p99_ms"], f"{where}: latency_p99_ms")
     if set(p50) != set(p99) or 1 not in p99:
         raise InvalidInputError(f"{where}: p50 and p99 tables need the same batch sizes, batch 1 included")
+    if any(p50[n] > p99[n] for n in p50):
+        raise InvalidInputError(f"{where}: a median latency above its p99")
     accuracy = _number(entry["accuracy"], f"{where}: accuracy")
     if not 0 <= accuracy <= 1:
         raise InvalidInputError(f"{where}: accuracy must lie in [0, 1]")
     metric = str(entry.get("accuracy_metric", "top1"))
     if metric not in ACCURACY_METRICS:
         raise InvalidInputError(f"{where}: accuracy_metric must be one of {list(ACCURACY_METRICS)}")
-    saturation = max(batch * 1000 / p50[batch] for batch in p50)
+    measured_saturation = max(batch * 1000 / p50[batch] for batch in p50)
+    saturation = _number(entry.get("saturation_qps", measured_saturation), f"{where}: saturation_qps")
+    best_batch = _count(entry.get("max_useful_batch", max(p50)), f"{where}: max_useful_batch")
+    if best_batch not in p50:
+        raise InvalidInputError(
+            f"{where}: max_useful_batch must be one of the profiled batch sizes {sorted(p50)}"
+        )
     return VariantProfile(
         variant_id=variant_id(app_id, model_name, recipe.name, placement.name),
         app_id=app_id,
@@ -107,10 +117,10 @@ def _profile(
         hardware=str(entry["hardware"])[:200],
         measured_on_target=True,
         memory_mb=memory_mb,
-        saturation_qps=round(float(entry.get("saturation_qps") or saturation), 1),
-        max_useful_batch=int(entry.get("max_useful_batch") or max(p50)),
+        saturation_qps=round(saturation, 1),
+        max_useful_batch=best_batch,
         accuracy_metric=metric,
-        accuracy_examples=int(entry.get("accuracy_examples") or 0),
+        accuracy_examples=_count(entry.get("accuracy_examples", 0), f"{where}: accuracy_examples"),
         imported=True,
     )
 
@@ -123,6 +133,12 @@ def _number(value: Any, what: str) -> float:
     if not math.isfinite(number) or number < 0:
         raise InvalidInputError(f"{what} must be a finite, non-negative number; got {value!r}")
     return number
+
+
+def _count(value: Any, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInputError(f"{what} must be a non-negative integer; got {value!r}")
+    return value
 
 
 def _positive_int(value: Any, what: str) -> int:

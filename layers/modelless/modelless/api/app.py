@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from modelless import __version__
 from modelless.api.limits import BodyLimitMiddleware
@@ -45,6 +46,17 @@ def create_app(services: Services) -> FastAPI:
         if error.status_code >= 500:
             logger.error("request failed", extra={"error": error.to_dict()})
         return _error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+        # Raised by the framework itself (unknown route, unparsable multipart, wrong method):
+        # answered in the same shape as every other error.
+        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "bad_request")
+        return JSONResponse(
+            status_code=error.status_code,
+            content={"error": {"code": code, "message": str(error.detail)}},
+            headers=getattr(error, "headers", None),
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:

@@ -69,7 +69,12 @@ async def _refuse(send: Send, message: str, limit: int) -> None:
         {
             "type": "http.response.start",
             "status": 413,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                # Without it the server would go on reading (and dropping) the whole body.
+                (b"connection", b"close"),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})
