@@ -26,5 +26,11 @@ class Settings:
     # The gateway caches static profiles until their version changes; this TTL is a safety net.
     profile_cache_ttl_s: float = field(default_factory=lambda: float(_env("PROFILE_CACHE_TTL_S", "60.0")))
     profile_runs: int = field(default_factory=lambda: int(_env("PROFILE_RUNS", "40")))
+
+    @property
+    def register_body_limit(self) -> int:
+        """A registration's body: the model, the validation set, and room for multipart framing."""
+        return self.max_model_bytes + self.max_valset_bytes + 64 * 1024
+
     # In AWS: the name of the cpu_worker function the dispatcher invokes for the Lambda tier.
     lambda_function: str = field(default_factory=lambda: _env("LAMBDA_FUNCTION", ""))

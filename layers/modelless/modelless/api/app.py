@@ -80,10 +80,7 @@ def create_app(services: Services) -> FastAPI:
 
 def _body_limit(services: Services, path: str) -> int:
     settings = services.settings
-    if path.endswith("/register_model"):
-        # Multipart framing adds a little on top of the two files.
-        return settings.max_model_bytes + settings.max_valset_bytes + 64 * 1024
-    return settings.max_query_bytes
+    return settings.register_body_limit if path.endswith("/register_model") else settings.max_query_bytes
 
 
 def _error_response(error: ModellessError) -> JSONResponse:
