@@ -78,6 +78,7 @@ class Dispatcher:
         self._lambda = lambda_tier
         self._cache_ttl_s = cache_ttl_s
         self._cache: dict[tuple[str, str | None, float], _CacheEntry] = {}
+        self._profiles: dict[str, _CacheEntry] = {}  # app -> all its profiles, parsed once
         self._contracts: dict[tuple[str, str | None], tuple[float, ModelRecord]] = {}
         self._warming: set[str] = set()
         self._recent_loads: dict[tuple[str, str], float] = {}  # (worker, variant) -> when loaded
@@ -93,11 +94,24 @@ class Dispatcher:
         now = time.monotonic()
         entry = self._cache.get(key)
         if entry is None or entry.version != version or entry.expires_at < now:
-            variants = self._store.candidate_variants(
-                targets.app_id, targets.min_accuracy, targets.model_name
-            )
+            # Every target's list holds references into one parsed copy of the app's profiles:
+            # parsing per target would multiply the objects the garbage collector walks.
+            app_profiles = self._app_profiles(targets.app_id, version, now)
+            variants = [
+                v
+                for v in app_profiles
+                if v.accuracy >= targets.min_accuracy
+                and (targets.model_name is None or v.model_name == targets.model_name)
+            ]
             entry = _CacheEntry(version, now + self._cache_ttl_s, variants)
             self._cache[key] = entry
+        return entry.variants
+
+    def _app_profiles(self, app_id: str, version: int, now: float) -> list[VariantProfile]:
+        entry = self._profiles.get(app_id)
+        if entry is None or entry.version != version or entry.expires_at < now:
+            entry = _CacheEntry(version, now + self._cache_ttl_s, self._store.list_variants(app_id))
+            self._profiles[app_id] = entry
         return entry.variants
 
     def input_contract(self, app_id: str, model_name: str | None) -> ModelRecord:
