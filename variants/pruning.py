@@ -1,9 +1,10 @@
 """Drop dominated variants: another of the same model and pool is at least as accurate, and no
 slower, no slower to load and no costlier at every batch size.
 
-Profiles are measurements, so "no slower" must allow for their noise. Timings are compared on a
-logarithmic grid 10 % wide (after adding 2 µs of timer slack): two variants whose timings fall
-in the same cells are the same for selection's purposes, and only one of them is kept. Comparing
+Profiles are measurements, so "no slower" must allow for their noise. Speed is judged on median
+latencies (a p99 over a few dozen runs is mostly noise), compared on a logarithmic grid 10 %
+wide after adding 2 µs of timer slack: two variants whose timings fall in the same cells are the
+same for selection's purposes, and only one of them is kept. Comparing
 grid cells rather than "within 10 %" keeps dominance transitive, so the kept variants are exactly
 the undominated ones: none of them is dominated by another, and every pruned variant is dominated
 by a kept one.
@@ -28,7 +29,7 @@ def _signature(v: VariantProfile, batches: list[int]) -> list[int]:
     """The variant's timings and costs on the noise grid, at the given batch sizes."""
     cells = [_cell(v.load_latency_ms + SLACK_MS)]
     for n in batches:
-        latency = v.latency_ms(n) + SLACK_MS
+        latency = v.median_ms(n) + SLACK_MS
         cells.append(_cell(latency))
         cells.append(_cell(v.price_per_second * latency / 1000 + v.request_price))
     return cells

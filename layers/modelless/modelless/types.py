@@ -76,9 +76,16 @@ class VariantProfile:
 
     def latency_ms(self, batch: int) -> float:
         """Profiled p99 latency for ``batch`` inputs (next profiled batch size up)."""
-        for size in sorted(self.latency_p99_ms):
+        return self._at_batch(self.latency_p99_ms, batch)
+
+    def median_ms(self, batch: int) -> float:
+        """Profiled median latency for ``batch`` inputs (next profiled batch size up)."""
+        return self._at_batch(self.latency_p50_ms, batch)
+
+    def _at_batch(self, table: dict[int, float], batch: int) -> float:
+        for size in sorted(table):
             if size >= batch:
-                return self.latency_p99_ms[size]
+                return table[size]
         raise ValueError(f"batch {batch} exceeds the largest profiled batch {self.max_batch}")
 
     def cost_per_query(self, batch: int = 1) -> float:
