@@ -2,6 +2,7 @@
 
     scripts/bench selection [--architectures 3] [--queries 5000]
     scripts/bench zoo
+    scripts/bench live [--queries 1000] [--metadata redis://127.0.0.1:6379/14]
 
 ``selection``: per-query decision time of the Dispatcher (getVariant + worker choice): cached
 static profiles plus one live-state read from the metadata store, for the in-memory store and a
@@ -223,6 +224,72 @@ def bench_zoo(state_dir: Path) -> None:
     )
 
 
+def bench_live(state_dir: Path, queries: int, metadata: str) -> None:
+    """Queries over HTTP against the embedded stack on 127.0.0.1: the selection time each reply
+    reports, and the whole round trip the client sees."""
+    import threading
+
+    import numpy as np
+    import uvicorn
+
+    from infra.demo_models import build_zoo
+    from infra.local_stack import start_stack
+    from modelless.api import create_app
+    from modelless.client import Client
+    from modelless.observability import logger as gateway_logger
+
+    print(f"machine: {machine()}")
+    os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # EMF on stdout would drown the report
+    gateway_logger.setLevel("WARNING")
+    zoo_dir = state_dir / "demo"
+    build_zoo(zoo_dir)
+    with tempfile.TemporaryDirectory(prefix="modelless-live-") as tmp:
+        port = 18080 + os.getpid() % 1000
+        stack = start_stack(Path(tmp), "127.0.0.1", port, 2, 2, metadata)
+        server = uvicorn.Server(
+            uvicorn.Config(create_app(stack.services), host="127.0.0.1", port=port, log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            admin = Client(stack.url, admin_key=stack.services.settings.admin_key)
+            while not admin.health():
+                time.sleep(0.05)
+            client = Client(stack.url, api_key=admin.create_app("live"))
+            for name in ("digits-linear", "digits-mlp"):
+                reply = client.register_model(name, zoo_dir / f"{name}.onnx", zoo_dir / "valset.npz", "live")
+                client.wait_for_registration(reply["registrationId"])
+            with np.load(zoo_dir / "testset.npz", allow_pickle=False) as test:
+                images = test["inputs"]
+            variants = client.variants()
+            accuracies = sorted({v["accuracy"] for v in variants})
+            targets = [
+                {"accuracy": accuracies[0], "latency": 5.0},
+                {"accuracy": accuracies[-1], "latency": 5.0},
+            ]
+            for target in targets:  # load both variants first: the run measures the warm path
+                for _ in range(3):
+                    try:
+                        client.online_query(images[0], "live", **target)
+                    except Exception:
+                        time.sleep(0.3)
+            selection, total, client_side = [], [], []
+            for index in range(queries):
+                started = time.perf_counter()
+                reply = client.online_query(images[index % len(images)], "live", **targets[index % 2])
+                client_side.append((time.perf_counter() - started) * 1000)
+                selection.append(reply["timingsMs"]["selection_ms"])
+                total.append(reply["timingsMs"]["total_ms"])
+        finally:
+            server.should_exit = True
+            thread.join(10)
+            stack.close()
+    print(f"live: {queries} sequential queries over HTTP, metadata {metadata}, 2 cpu workers")
+    print(report("selection (in reply)", selection))
+    print(report("gateway total (in reply)", total))
+    print(report("client round trip", client_side))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,8 +304,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     zoo = commands.add_parser("zoo", help="register the demo zoo and report variants and registration time")
     zoo.add_argument("--state-dir", type=Path, default=Path(".modelless"))
+    live = commands.add_parser("live", help="selection and round-trip time of queries over HTTP")
+    live.add_argument("--queries", type=int, default=1000)
+    live.add_argument("--metadata", default="memory://", help="memory:// or a redis:// URL")
+    live.add_argument("--state-dir", type=Path, default=Path(".modelless"))
     args = parser.parse_args(argv)
-    if args.command == "selection":
+    if args.command == "live":
+        bench_live(args.state_dir, args.queries, args.metadata)
+    elif args.command == "selection":
         bench_selection(args.architectures, args.queries, args.workers, args.redis)
     elif args.command == "zoo":
         bench_zoo(args.state_dir)
