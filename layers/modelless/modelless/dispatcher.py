@@ -238,7 +238,10 @@ class Dispatcher:
         started = time.perf_counter()
         decision = self.select(targets)
         selected = time.perf_counter()
-        payload = invocation_payload(decision.variant, inputs, query_id)
+        remaining_ms = None
+        if targets.latency_ms is not None:
+            remaining_ms = max(0.0, targets.latency_ms - (selected - started) * 1000)
+        payload = invocation_payload(decision.variant, inputs, query_id, remaining_ms)
         timeout_s = MAX_INVOKE_TIMEOUT_S
         tier, retried = decision.tier, False
         try:

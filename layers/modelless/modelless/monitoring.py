@@ -12,8 +12,13 @@ from dataclasses import dataclass
 from modelless.types import InstanceState, InstanceStats, VariantProfile, WorkerState
 
 WINDOW_S = 5.0
-OVERLOADED_BUSY_FRACTION = 0.9  # an instance busy this share of the window is at saturation
-INTERFERED_FACTOR = 2.0  # observed p99 this many times the profiled p99 (plus slack) = interfered
+# Each state is entered past one threshold and left only below a lower one (hysteresis), so an
+# instance hovering around a threshold does not flap in and out of selection every report.
+OVERLOADED_BUSY_FRACTION = 0.9  # an instance busy this share of the window is at saturation...
+OVERLOADED_EXIT_BUSY_FRACTION = 0.7  # ...and stays Overloaded until it is below this
+OVERLOADED_QUEUE = 8  # this many requests waiting on one instance: saturated, whatever the window says
+INTERFERED_FACTOR = 2.0  # inference p99 this many times the profile's (plus slack) = interfered...
+INTERFERED_EXIT_FACTOR = 1.5  # ...until it is back under this
 INTERFERED_SLACK_MS = 1.0
 
 
@@ -34,6 +39,7 @@ class WorkerMonitor:
         self._runs: dict[str, deque[_Run]] = {}
         self._profiles: dict[str, VariantProfile] = {}
         self._in_flight: dict[str, int] = {}
+        self._states: dict[str, InstanceState] = {}
         self._lock = threading.Lock()
 
     def loaded(self, variant: VariantProfile) -> None:
@@ -45,6 +51,7 @@ class WorkerMonitor:
         with self._lock:
             self._profiles.pop(variant_id, None)
             self._runs.pop(variant_id, None)
+            self._states.pop(variant_id, None)
 
     def started(self, variant_id: str) -> None:
         with self._lock:
@@ -74,7 +81,14 @@ class WorkerMonitor:
                 busy_ms_total += busy_ms
                 p50 = _percentile(latencies, 0.5)
                 p99 = _percentile(latencies, 0.99)
-                state = _state(self._profiles.get(variant_id), busy_ms / (WINDOW_S * 1000), runs)
+                queued = self._in_flight.get(variant_id, 0)
+                state = next_state(
+                    self._states.get(variant_id, InstanceState.ACTIVE),
+                    busy_ms / (WINDOW_S * 1000),
+                    queued,
+                    _slowdown(self._profiles.get(variant_id), runs),
+                )
+                self._states[variant_id] = state
                 instances.append(
                     InstanceStats(
                         variant_id=variant_id,
@@ -82,7 +96,7 @@ class WorkerMonitor:
                         qps=len(runs) / WINDOW_S,
                         latency_p50_ms=p50,
                         latency_p99_ms=p99,
-                        queue_length=self._in_flight.get(variant_id, 0),
+                        queue_length=queued,
                     )
                 )
             loaded_count = len(self._runs)
@@ -98,19 +112,30 @@ class WorkerMonitor:
         )
 
 
-def _state(profile: VariantProfile | None, busy_fraction: float, runs: deque[_Run]) -> InstanceState:
-    if busy_fraction >= OVERLOADED_BUSY_FRACTION:
-        return InstanceState.OVERLOADED
-    if profile is not None and runs:
-        # Interference shows as inference slower than profiled at the same batch size; queueing
-        # is load, not interference, so it is left out.
-        slowdowns = sorted(
-            r.inference_ms / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
-            for r in runs
+def next_state(previous: InstanceState, busy_fraction: float, queued: int, slowdown: float) -> InstanceState:
+    """INFaaS Figure 4 for one loaded instance: Active, Overloaded (serving at saturation) or
+    Interfered (slower than profiled while not overloaded), with hysteresis on every exit."""
+    overloaded = busy_fraction >= OVERLOADED_BUSY_FRACTION or queued >= OVERLOADED_QUEUE
+    if previous is InstanceState.OVERLOADED:
+        overloaded = (
+            overloaded or busy_fraction >= OVERLOADED_EXIT_BUSY_FRACTION or queued >= OVERLOADED_QUEUE // 2
         )
-        if _percentile(slowdowns, 0.99) > INTERFERED_FACTOR:
-            return InstanceState.INTERFERED
-    return InstanceState.ACTIVE
+    if overloaded:
+        return InstanceState.OVERLOADED
+    limit = INTERFERED_EXIT_FACTOR if previous is InstanceState.INTERFERED else INTERFERED_FACTOR
+    return InstanceState.INTERFERED if slowdown > limit else InstanceState.ACTIVE
+
+
+def _slowdown(profile: VariantProfile | None, runs: deque[_Run]) -> float:
+    """p99 over the window of inference time / profiled time at the same batch size. Queueing is
+    load, not interference, so it is left out."""
+    if profile is None or not runs:
+        return 0.0
+    ratios = sorted(
+        r.inference_ms / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
+        for r in runs
+    )
+    return _percentile(ratios, 0.99)
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

@@ -30,15 +30,21 @@ def encode_array(array: np.ndarray) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def invocation_payload(variant: VariantProfile, inputs: np.ndarray, correlation_id: str) -> dict[str, Any]:
+def invocation_payload(
+    variant: VariantProfile, inputs: np.ndarray, correlation_id: str, deadline_ms: float | None = None
+) -> dict[str, Any]:
     """The one request shape for a worker and for the Lambda tier (the cpu_worker event)."""
-    return {
+    payload: dict[str, Any] = {
         "variant_id": variant.variant_id,
         "variant": variant.to_json(),
         "memory_mb": variant.memory_mb,  # picks the Lambda function (memory size) to run it
         "inputs_npy_b64": encode_array(inputs),
         "correlation_id": correlation_id,
     }
+    if deadline_ms is not None:
+        # What is left of the query's latency budget: a batching worker never holds it longer.
+        payload["deadline_ms"] = deadline_ms
+    return payload
 
 
 def decode_array(encoded: str) -> np.ndarray:
