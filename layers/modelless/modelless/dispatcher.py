@@ -19,6 +19,7 @@ from modelless.exceptions import (
     ServiceUnavailableError,
     TargetsUnreachableError,
 )
+from modelless.load import LoadRecorder, group_of
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker, WorkerUnreachableError
 from modelless.runtime import decode_array, invocation_payload
@@ -82,6 +83,7 @@ class Dispatcher:
         self._contracts: dict[tuple[str, str | None], tuple[float, ModelRecord]] = {}
         self._warming: set[str] = set()
         self._recent_loads: dict[tuple[str, str], float] = {}  # (worker, variant) -> when loaded
+        self._load = LoadRecorder()
         self._background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="warmup")
         # State not kept in the store, e.g. the local Lambda tier's warm containers.
         self._extra_workers = extra_workers
@@ -238,6 +240,7 @@ class Dispatcher:
         started = time.perf_counter()
         decision = self.select(targets)
         selected = time.perf_counter()
+        self._record_load(targets)
         remaining_ms = None
         if targets.latency_ms is not None:
             remaining_ms = max(0.0, targets.latency_ms - (selected - started) * 1000)
@@ -279,6 +282,17 @@ class Dispatcher:
             retried=retried,
             query_id=query_id,
         )
+
+    def _record_load(self, targets: QueryTargets) -> None:
+        """Count the query for its group; about once a second, hand the counts to the store (one
+        write per gateway per second, whatever the query rate)."""
+        self._load.record(group_of(targets))
+        now = time.time()
+        if self._load.due(now):
+            try:
+                self._store.add_load(self._load.take(now), int(now))
+            except Exception:  # load accounting must never fail a query
+                logger.exception("could not record query load")
 
     def _run(self, decision: Decision, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         if decision.tier is Tier.LAMBDA or decision.worker_address is None:

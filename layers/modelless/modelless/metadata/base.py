@@ -8,6 +8,8 @@ from modelless.types import ModelRecord, Registration, VariantProfile, WorkerSta
 
 # A worker whose last report is older than this is treated as gone: selection never routes to it.
 WORKER_STALE_AFTER_S = 10.0
+# Per-second load counts are kept this long: the scaler looks back a minute at most.
+LOAD_RETENTION_S = 120
 
 
 class MetadataStore(Protocol):
@@ -49,6 +51,13 @@ class MetadataStore(Protocol):
 
     def profiles_version(self, app_id: str) -> int:
         """A counter that changes whenever the app's variant profiles change."""
+
+    # --- query load per group (what the scaler provisions for) ----------------------------------
+    def add_load(self, counts: dict[str, int], second: int) -> None:
+        """Add query counts per group key to the given second (epoch seconds)."""
+
+    def recent_load(self, window_s: int, now: float) -> dict[str, float]:
+        """Queries per second per group key over the last ``window_s`` whole seconds."""
 
     # --- live worker state ----------------------------------------------------------------------
     def put_worker_state(self, state: WorkerState) -> None: ...

@@ -41,6 +41,10 @@ class KeySpace:
         """Counter bumped with every change to the app's profiles (gateway cache revalidation)."""
         return f"{self.prefix}profiles-version:{app_id}"
 
+    def load(self, second: int) -> str:
+        """Hash: group key -> queries counted in that epoch second (expires on its own)."""
+        return f"{self.prefix}load:{second}"
+
     def workers(self) -> str:
         """Hash: worker id -> its last state report (JSON)."""
         return f"{self.prefix}workers"

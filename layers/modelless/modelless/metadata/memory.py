@@ -6,7 +6,7 @@ import threading
 import time
 
 from modelless.exceptions import ConflictError
-from modelless.metadata.base import WORKER_STALE_AFTER_S
+from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S
 from modelless.types import ModelRecord, Registration, VariantProfile, WorkerState
 
 
@@ -20,6 +20,7 @@ class InMemoryMetadataStore:
         self._variants: dict[str, dict[str, VariantProfile]] = {}
         self._workers: dict[str, WorkerState] = {}
         self._versions: dict[str, int] = {}
+        self._load: dict[int, dict[str, int]] = {}
 
     def create_app(self, app_id: str, key_hash: str) -> None:
         with self._lock:
@@ -97,6 +98,23 @@ class InMemoryMetadataStore:
 
     def selection_state(self, app_id: str) -> tuple[int, list[WorkerState]]:
         return self.profiles_version(app_id), self.list_workers()
+
+    def add_load(self, counts: dict[str, int], second: int) -> None:
+        with self._lock:
+            bucket = self._load.setdefault(second, {})
+            for group, count in counts.items():
+                bucket[group] = bucket.get(group, 0) + count
+            for old in [s for s in self._load if s < second - LOAD_RETENTION_S]:
+                del self._load[old]
+
+    def recent_load(self, window_s: int, now: float) -> dict[str, float]:
+        last = int(now) - 1  # the current second is still being counted
+        totals: dict[str, float] = {}
+        with self._lock:
+            for second in range(last - window_s + 1, last + 1):
+                for group, count in self._load.get(second, {}).items():
+                    totals[group] = totals.get(group, 0.0) + count
+        return {group: total / window_s for group, total in totals.items()}
 
     def put_worker_state(self, state: WorkerState) -> None:
         with self._lock:

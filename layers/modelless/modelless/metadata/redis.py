@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import redis
 
 from modelless.exceptions import ConflictError
-from modelless.metadata.base import WORKER_STALE_AFTER_S
+from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S
 from modelless.metadata.keys import KeySpace
 from modelless.types import ModelRecord, Registration, VariantProfile, WorkerState
 
@@ -133,6 +133,28 @@ class RedisMetadataStore:
 
     def remove_worker(self, worker_id: str) -> None:
         self._redis.hdel(self.keys.workers(), worker_id)
+
+    def add_load(self, counts: dict[str, int], second: int) -> None:
+        if not counts:
+            return
+        key = self.keys.load(second)
+        with self._redis.pipeline(transaction=True) as pipe:
+            for group, count in counts.items():
+                pipe.hincrby(key, group, count)
+            pipe.expire(key, LOAD_RETENTION_S)
+            pipe.execute()
+
+    def recent_load(self, window_s: int, now: float) -> dict[str, float]:
+        last = int(now) - 1  # the current second is still being counted
+        with self._redis.pipeline(transaction=False) as pipe:
+            for second in range(last - window_s + 1, last + 1):
+                pipe.hgetall(self.keys.load(second))
+            buckets = pipe.execute()
+        totals: dict[str, float] = {}
+        for bucket in buckets:
+            for group, count in bucket.items():
+                totals[group.decode()] = totals.get(group.decode(), 0.0) + int(count)
+        return {group: total / window_s for group, total in totals.items()}
 
     def list_workers(self, pool: str | None = None) -> list[WorkerState]:
         return _live(self._redis.hvals(self.keys.workers()), pool)

@@ -1,0 +1,69 @@
+"""Query load per group: what the scaler provisions for.
+
+A group (DESIGN §5) is the set of queries that the same variants can serve: the same app (or
+named model), the same accuracy class and the same latency class. Classes round towards the
+stricter side (accuracy up to the next hundredth, latency down to the class below), so whatever
+serves a group serves every query in it.
+
+The gateway counts queries per group in memory and hands the counts to the metadata store about
+once a second, off the per-query path; the scaler reads the recent rate of every group.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from dataclasses import dataclass
+
+from modelless.types import QueryTargets
+
+LATENCY_CLASSES_MS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 5000.0)
+FLUSH_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class LoadGroup:
+    app_id: str
+    model_name: str | None
+    min_accuracy: float
+    latency_ms: float  # the class's budget: no more than any query of the group allows
+
+    @property
+    def key(self) -> str:
+        return f"{self.app_id}|{self.model_name or '*'}|{self.min_accuracy:.2f}|{self.latency_ms:g}"
+
+    @classmethod
+    def parse(cls, key: str) -> LoadGroup:
+        app_id, model, accuracy, latency = key.split("|")
+        return cls(app_id, None if model == "*" else model, float(accuracy), float(latency))
+
+
+def group_of(targets: QueryTargets) -> LoadGroup:
+    accuracy = math.ceil(round(targets.min_accuracy * 100, 6)) / 100
+    budget = targets.latency_ms if targets.latency_ms is not None else LATENCY_CLASSES_MS[-1]
+    latency = max((c for c in LATENCY_CLASSES_MS if c <= budget), default=budget)
+    return LoadGroup(targets.app_id, targets.model_name, min(1.0, accuracy), latency)
+
+
+class LoadRecorder:
+    """Counts queries per group; ``due`` says when the counts should go to the store."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._last_flush = 0.0
+
+    def record(self, group: LoadGroup) -> None:
+        with self._lock:
+            self._counts[group.key] += 1
+
+    def due(self, now: float) -> bool:
+        return now - self._last_flush >= FLUSH_EVERY_S
+
+    def take(self, now: float) -> dict[str, int]:
+        """The counts since the last take, which start again from zero."""
+        with self._lock:
+            counts, self._counts = dict(self._counts), Counter()
+            self._last_flush = now
+        return counts

@@ -1,0 +1,36 @@
+"""Load counts per group in both metadata stores (the real Redis one included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from modelless.metadata.base import LOAD_RETENTION_S
+
+
+def test_recent_load_is_the_rate_over_whole_past_seconds(any_store: Any) -> None:
+    now = 10_000.5
+    any_store.add_load({"g1": 30, "g2": 5}, 9_998)
+    any_store.add_load({"g1": 10}, 9_999)
+    any_store.add_load({"g1": 1000}, 10_000)  # the current second: not yet complete, not counted
+    any_store.add_load({"g1": 7}, 9_990)  # outside a 5 s window
+    load = any_store.recent_load(5, now)
+    assert load == pytest.approx({"g1": 40 / 5, "g2": 5 / 5})
+    assert any_store.recent_load(10, now)["g1"] == pytest.approx(47 / 10)
+
+
+def test_counts_add_up_across_gateways(any_store: Any) -> None:
+    any_store.add_load({"g": 3}, 500)
+    any_store.add_load({"g": 4}, 500)  # a second gateway, same second
+    assert any_store.recent_load(1, 501.2) == pytest.approx({"g": 7.0})
+
+
+def test_an_empty_flush_writes_nothing_and_old_seconds_are_dropped(any_store: Any) -> None:
+    any_store.add_load({}, 100)
+    assert any_store.recent_load(3, 101.0) == {}
+    any_store.add_load({"g": 1}, 100)
+    any_store.add_load({"g": 1}, 100 + LOAD_RETENTION_S + 5)
+    assert any_store.recent_load(LOAD_RETENTION_S, 100 + LOAD_RETENTION_S + 6) == pytest.approx(
+        {"g": 1 / LOAD_RETENTION_S}
+    )

@@ -1,0 +1,47 @@
+"""Query groups and the gateway's load counting (pure, on explicit clocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelless.load import LATENCY_CLASSES_MS, LoadGroup, LoadRecorder, group_of
+from modelless.types import QueryTargets
+
+
+@pytest.mark.parametrize(
+    ("latency", "accuracy", "expected_latency", "expected_accuracy"),
+    [
+        (50.0, 0.9, 50.0, 0.90),
+        (73.0, 0.901, 50.0, 0.91),  # latency rounds down, accuracy up: the stricter side
+        (0.5, 0.0, 0.5, 0.0),  # below the smallest class: the budget itself
+        (None, 0.95, LATENCY_CLASSES_MS[-1], 0.95),
+    ],
+)
+def test_groups_round_to_the_stricter_class(
+    latency: float | None, accuracy: float, expected_latency: float, expected_accuracy: float
+) -> None:
+    group = group_of(QueryTargets("app", latency_ms=latency, min_accuracy=accuracy))
+    assert group.latency_ms == expected_latency
+    assert group.min_accuracy == pytest.approx(expected_accuracy)
+
+
+def test_group_keys_round_trip_and_separate_named_models() -> None:
+    named = group_of(QueryTargets("app", latency_ms=20, model_name="m"))
+    anonymous = group_of(QueryTargets("app", latency_ms=20))
+    assert named.key != anonymous.key
+    assert LoadGroup.parse(named.key) == named
+    assert LoadGroup.parse(anonymous.key) == anonymous
+
+
+def test_the_recorder_hands_counts_over_once_a_second_and_starts_again() -> None:
+    recorder = LoadRecorder()
+    group = group_of(QueryTargets("app", latency_ms=20, min_accuracy=0.9))
+    assert recorder.due(1000.0)
+    for _ in range(5):
+        recorder.record(group)
+    assert recorder.take(1000.0) == {group.key: 5}
+    recorder.record(group)
+    assert not recorder.due(1000.5)
+    assert recorder.due(1001.0)
+    assert recorder.take(1001.0) == {group.key: 1}
+    assert recorder.take(1002.0) == {}
