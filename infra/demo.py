@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     gateway_logger.setLevel("WARNING")
     os.environ["MODELLESS_STATE_DIR"] = str(args.state_dir)
     stack = start_stack(args.state_dir, args.host, args.port, args.workers, 4, args.metadata)
+    stack.start_scaling(period_s=5.0)
     os.environ["MODELLESS_ADMIN_KEY"] = stack.services.settings.admin_key
     print(
         f"modelless: embedded stack on {stack.url} (metadata: {stack.services.settings.metadata_url}, "

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -14,7 +17,71 @@ from modelless.exceptions import ModellessError
 Route = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> ThreadingHTTPServer:
+# Graceful stop: wait for requests in flight, and for a quiet spell in which callers that had
+# not yet heard of the stop (a dispatcher's cached view of the workers) stop coming.
+DRAIN_QUIET_S = 0.3
+DRAIN_LIMIT_S = 4.0  # under the parent's 5 s before it kills the process
+
+
+class JsonServer(ThreadingHTTPServer):
+    """Counts requests in flight so that a stop can wait for them (no answer is lost)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._in_flight = 0
+        self._last_request = time.monotonic()
+        self._idle = threading.Condition()
+
+    def request_started(self) -> None:
+        with self._idle:
+            self._in_flight += 1
+            self._last_request = time.monotonic()
+
+    def request_finished(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._last_request = time.monotonic()
+            self._idle.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        with self._idle:
+            return self._in_flight
+
+    def drain(self, quiet_s: float = DRAIN_QUIET_S, limit_s: float = DRAIN_LIMIT_S) -> bool:
+        """Wait until no request is in flight and none came for ``quiet_s``; at most ``limit_s``.
+        Returns whether it drained (False: requests still running at the limit)."""
+        deadline = time.monotonic() + limit_s
+        with self._idle:
+            while True:
+                now = time.monotonic()
+                quiet_until = self._last_request + quiet_s
+                if self._in_flight == 0 and now >= quiet_until:
+                    return True
+                if now >= deadline:
+                    return False
+                self._idle.wait(min(deadline, max(quiet_until, now + 0.01)) - now)
+
+
+def stop_gracefully_on_sigterm(server: JsonServer, before_drain: Callable[[], None] = lambda: None) -> None:
+    """On SIGTERM (a scale-down): call ``before_drain`` (stop reporting as available), let the
+    requests in flight finish, then end ``serve_forever``."""
+
+    def drain_then_shutdown() -> None:
+        before_drain()
+        server.drain()
+        server.shutdown()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # shutdown() blocks until serve_forever returns: never call it on the serving thread.
+        threading.Thread(target=drain_then_shutdown, name="drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> JsonServer:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: the gateway reuses its connections
 
@@ -32,6 +99,7 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> T
                 )
                 return
             length = int(self.headers.get("Content-Length") or 0)
+            server.request_started()
             try:
                 body = json.loads(self.rfile.read(length)) if length else {}
                 self._reply(200, route(body))
@@ -41,6 +109,8 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> T
                 self._reply(
                     500, {"error": {"code": "worker_error", "message": f"{type(error).__name__}: {error}"}}
                 )
+            finally:
+                server.request_finished()
 
         def do_GET(self) -> None:
             self._handle("GET")
@@ -59,12 +129,11 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> T
         def log_message(self, format: str, *args: Any) -> None:
             pass  # request logs would swamp the stack's output; monitoring reports the numbers
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = JsonServer((host, port), Handler)
     return server
 
 
-def announce_ready(server: ThreadingHTTPServer) -> None:
+def announce_ready(server: JsonServer) -> None:
     """Tell the parent process which port the OS gave us (the first stdout line)."""
     sys.stdout.write(f"READY {server.server_address[1]}\n")
     sys.stdout.flush()

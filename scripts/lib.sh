@@ -29,7 +29,7 @@ ensure_venv() {
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing Python packages (torch pinned to the local CPU wheel)"
     # pip's configured extra indexes print a warning per package; keep the real errors only.
-    "$PY" -m pip install --disable-pip-version-check -q -e "$ROOT[train,dev]" 2>&1 \
+    "$PY" -m pip install --disable-pip-version-check -q -e "${ROOT}[train,dev]" 2>&1 \
       | grep -v "^WARNING: Location 'file://" >&2 || true
     "$PY" -c 'import torch, onnxruntime, fastapi, redis, moto' \
       || { echo "error: Python packages failed to install" >&2; exit 1; }

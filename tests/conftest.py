@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aws_lambda_powertools import Metrics
 
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.metadata.redis import RedisMetadataStore
@@ -30,6 +31,15 @@ for _name, _value in {
     os.environ[_name] = _value
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+
+
+@pytest.fixture(autouse=True)
+def fresh_metric_set() -> Iterator[None]:
+    """Powertools keeps one metric set per process, and with metrics disabled (as here) a flush
+    never clears it: a test that reads the EMF a handler prints would see earlier tests' values."""
+    Metrics().clear_metrics()
+    yield
+    Metrics().clear_metrics()
 
 
 def service_url(variable: str) -> str:

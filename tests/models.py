@@ -90,3 +90,20 @@ def valset_npz(count: int = 200) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, inputs=inputs[-count:], labels=labels[-count:])
     return buffer.getvalue()
+
+
+WIDE_HIDDEN = 131072  # 32 MB of weights, beyond the caches: one run is bound by reading them
+
+
+@cache
+def wide_model() -> bytes:
+    """A one-hidden-layer classifier wide enough that a run costs a few ms, most of it a fixed
+    cost per run (reading the weights from memory): the kind of model batching is for."""
+    rng = np.random.default_rng(0)
+    return classifier_onnx(
+        [
+            rng.normal(0, 0.1, (64, WIDE_HIDDEN)).astype(np.float32),
+            rng.normal(0, 0.1, (WIDE_HIDDEN, 10)).astype(np.float32),
+            np.zeros(10, dtype=np.float32),
+        ]
+    )

@@ -147,8 +147,11 @@ def test_readme_flow_against_real_redis(tmp_path: Path) -> None:
             stack.url, api_key=json.loads((stack.state_dir / "credentials.json").read_text()).popitem()[1]
         )
         workers = {w["worker_id"]: w for w in client.workers()}
-        assert {"cpu-0", "cpu-1"} <= set(workers)
-        assert any(w["instances"] for w in workers.values())
+        # Workers report their state through Redis. Which of the two started is still there depends
+        # on the scaler: an idle worker is let go once the plan has not wanted it for its hold.
+        cpu_workers = [w for w in workers.values() if w["pool"] == "cpu"]
+        assert cpu_workers, f"no cpu worker reported through Redis: {sorted(workers)}"
+        assert any(w["instances"] for w in cpu_workers)
     finally:
         assert stack.stop() == 0
         from modelless.metadata.redis import RedisMetadataStore

@@ -6,6 +6,7 @@ check what only a shared server can get wrong: key namespacing and MULTI/EXEC at
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -535,3 +536,47 @@ def test_redis_reader_never_sees_variants_of_a_model_not_ready(redis_store: Redi
     assert violations == []
     assert len(redis_store.list_variants(APP)) == 30
     assert all(m.ready for m in redis_store.list_models(APP))
+
+
+def test_redis_rereading_unchanged_reports_reuses_their_parsed_state(redis_store: RedisMetadataStore) -> None:
+    instance = InstanceStats(f"{APP}/m/fp32-basic/cpu", InstanceState.ACTIVE, 3.0, 1.0, 2.0, 0)
+    redis_store.put_worker_state(make_worker("cpu-0", instances=(instance,)))
+    redis_store.put_worker_state(make_worker("cpu-1", utilisation=0.5))
+
+    first = redis_store.list_workers()
+    _, again = redis_store.selection_state(APP)
+    assert [a is b for a, b in zip(first, again, strict=True)] == [True, True]
+
+    # A new report is parsed anew; the unchanged one is still shared.
+    changed = make_worker("cpu-0", utilisation=0.9, instances=(instance,))
+    redis_store.put_worker_state(changed)
+    after = redis_store.list_workers()
+    assert after == [first[1], changed]
+    assert after[0] is first[1] and after[1] is not first[0]
+
+    redis_store.remove_worker("cpu-1")
+    assert redis_store.selection_state(APP)[1] == [changed]
+
+
+def test_redis_relisting_unchanged_profiles_reuses_them_and_sees_every_change(
+    redis_store: RedisMetadataStore,
+) -> None:
+    basic, quantised = (
+        make_variant(APP, "m", "fp32-basic"),
+        make_variant(APP, "m", "int8-basic", accuracy=0.8),
+    )
+    model, registration = register_and_publish(redis_store, APP, "m", [basic, quantised])
+    first = redis_store.list_variants(APP)
+    assert first == [basic, quantised]
+    assert all(a is b for a, b in zip(first, redis_store.list_variants(APP), strict=True))
+
+    # Republished with one profile changed and one added: only those are new objects.
+    remeasured = dataclasses.replace(quantised, accuracy=0.85)
+    added = make_variant(APP, "m", "int8-all", accuracy=0.7)
+    register_and_publish_existing(redis_store, model, registration, [basic, remeasured, added])
+    second = redis_store.list_variants(APP)
+    assert second == [basic, added, remeasured]
+    assert second[0] is first[0]
+    assert redis_store.list_variants(APP, "m") == second
+    assert redis_store.candidate_variants(APP, 0.8) == [remeasured, basic]  # by accuracy
+    assert redis_store.list_variants(OTHER_APP) == []

@@ -1,5 +1,7 @@
 """Real worker processes and the local Lambda tier: start-up, state reports into Redis, correct
-inference, failure of a worker mid-query and the dispatcher's retry on the Lambda tier.
+inference; a worker that dies or hangs mid-query and the dispatcher's retry on another worker or
+the Lambda tier (or its clear 503); the Lambda tier's bounded cold starts; unloads racing a
+request; the worker's command line (bind one address, advertise another, a fixed port).
 
 Every wait is bounded; every pool, tier and invoker is closed by its fixture.
 """
@@ -7,198 +9,55 @@ Every wait is bounded; every pool, tier and invoker is closed by its fixture.
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
+import infra.worker_server as worker_server
+import modelless.dispatcher as dispatcher_module
 import modelless.metadata.redis as redis_backend
 import modelless.pools.lambda_local as lambda_local
-from modelless.dispatcher import Dispatcher
-from modelless.exceptions import ModellessError
+from infra.worker_server import Worker, advertise_host_for, http_address
+from modelless.dispatcher import Dispatcher, QueryFailedError, QueryResult
+from modelless.exceptions import ModellessError, ServiceUnavailableError
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
+from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker, WorkerUnreachableError
 from modelless.pools.lambda_local import LAMBDA_TIER_ID, LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
-from modelless.repository.local import LocalModelRepository
-from modelless.runtime import decode_array, encode_array
+from modelless.pools.processes import ChildProcess, spawn
+from modelless.runtime import decode_array
 from modelless.selection import InfaasPolicy
 from modelless.types import (
     InstanceState,
-    ModelRecord,
     QueryTargets,
-    Registration,
-    RegistrationStatus,
     Tier,
     VariantProfile,
     WorkerState,
 )
-from tests.models import digits, linear_model
-
-APP = "workers-app"
-MODEL = "linear"
-ARTIFACT_KEY = f"apps/{APP}/{MODEL}/variants/fp32-basic.onnx"
-REPORT_WITHIN_S = 3.0
-INVOKE_TIMEOUT_S = 20.0
-
-T = TypeVar("T")
-
-
-# --- helpers ----------------------------------------------------------------------------------
-
-
-def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
-    """Poll ``probe`` until it returns something other than None/False, for at most ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
-
-
-def make_variant(pool: str = "cpu", artifact_key: str = ARTIFACT_KEY, suffix: str = "") -> VariantProfile:
-    return VariantProfile(
-        variant_id=f"{APP}/{MODEL}/fp32-basic{suffix}/{pool}",
-        app_id=APP,
-        model_name=MODEL,
-        pool=pool,
-        precision="fp32",
-        opt_level="basic",
-        threads=1,
-        artifact_key=artifact_key,
-        size_bytes=len(linear_model()),
-        load_latency_ms=20.0,
-        # Generous on purpose: a slow first run on a busy CI machine must not read as Interfered.
-        latency_p50_ms={1: 2.0, 2: 2.0, 4: 3.0, 8: 4.0},
-        latency_p99_ms={1: 5.0, 2: 5.0, 4: 6.0, 8: 8.0},
-        peak_memory_mb=1.0,
-        accuracy=0.9,
-        price_per_second=CPU_POOL.instance_price_per_second(1),
-        request_price=0.0,
-        hardware="test",
-        measured_on_target=True,
-    )
-
-
-def sample_inputs(count: int = 4) -> np.ndarray:
-    inputs, _ = digits()
-    return np.ascontiguousarray(inputs[:count])
-
-
-def expected_logits(inputs: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(linear_model(), providers=["CPUExecutionProvider"])
-    logits: np.ndarray = session.run(None, {"input": inputs})[0]
-    return logits
-
-
-def payload(variant: VariantProfile, inputs: np.ndarray) -> dict[str, Any]:
-    return {
-        "variant_id": variant.variant_id,
-        "variant": variant.to_json(),
-        "inputs_npy_b64": encode_array(inputs),
-        "correlation_id": "functional-test",
-    }
-
-
-def reported(store: RedisMetadataStore, worker_id: str) -> WorkerState | None:
-    return next((w for w in store.list_workers() if w.worker_id == worker_id), None)
-
-
-def reported_after(store: RedisMetadataStore, worker_id: str, after: float) -> WorkerState | None:
-    """The worker's state if it reported after ``after`` (a ``reported_at`` time)."""
-    state = reported(store, worker_id)
-    return state if state is not None and state.reported_at > after else None
-
-
-# --- fixtures ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Setup:
-    repository_url: str
-    tmp: Path
-
-
-@pytest.fixture
-def setup(tmp_path: Path) -> Setup:
-    repository = LocalModelRepository(tmp_path / "repo")
-    repository.put(ARTIFACT_KEY, linear_model())
-    return Setup(str(tmp_path / "repo"), tmp_path)
-
-
-@pytest.fixture
-def pool(setup: Setup, redis_store: RedisMetadataStore) -> Iterator[LocalWorkerPool]:
-    # The workers report into the same Redis namespace as the test's store.
-    report_url = f"{os.environ['MODELLESS_TEST_REDIS_URL']}?prefix={redis_store.keys.prefix}"
-    workers = LocalWorkerPool(
-        CPU_POOL,
-        setup.repository_url,
-        report_url=report_url,
-        report_token="",
-        log_dir=setup.tmp / "logs",
-        cache_dir=setup.tmp / "cache",
-    )
-    try:
-        yield workers
-    finally:
-        processes = [child.process for child in workers.workers().values()]
-        workers.close()
-        assert all(p.poll() is not None for p in processes), "a worker process outlived its pool"
-
-
-@pytest.fixture
-def invoker() -> Iterator[HttpWorkerInvoker]:
-    client = HttpWorkerInvoker()
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-def make_tier(setup: Setup, concurrency: int) -> LocalLambdaTier:
-    return LocalLambdaTier(
-        setup.repository_url,
-        log_dir=setup.tmp / "lambda-logs",
-        cache_dir=setup.tmp / "lambda-cache",
-        concurrency=concurrency,
-    )
-
-
-@pytest.fixture
-def tier(setup: Setup) -> Iterator[LocalLambdaTier]:
-    lambda_tier = make_tier(setup, concurrency=2)
-    try:
-        yield lambda_tier
-    finally:
-        processes = [c.child.process for c in lambda_tier._containers]
-        lambda_tier.close()
-        assert all(p.poll() is not None for p in processes), "a Lambda container outlived its tier"
-
-
-@pytest.fixture
-def single_tier(setup: Setup) -> Iterator[LocalLambdaTier]:
-    lambda_tier = make_tier(setup, concurrency=1)
-    try:
-        yield lambda_tier
-    finally:
-        lambda_tier.close()
-
-
-def start_worker(pool: LocalWorkerPool, store: RedisMetadataStore) -> WorkerState:
-    pool.scale_to(1)
-    [worker_id] = pool.workers()
-    return wait_for(lambda: reported(store, worker_id), REPORT_WITHIN_S, f"{worker_id}'s first report")
-
+from tests.functional.workers_kit import (
+    APP,
+    INVOKE_TIMEOUT_S,
+    MODEL,
+    REPORT_WITHIN_S,
+    Setup,
+    expected_logits,
+    make_variant,
+    payload,
+    publish_linear_model,
+    reported,
+    reported_after,
+    sample_inputs,
+    start_worker,
+    wait_for,
+)
 
 # --- pool workers -----------------------------------------------------------------------------
 
@@ -329,25 +188,6 @@ def test_killed_worker_is_unreachable_and_its_state_goes_stale(
 # --- the dispatcher's retry on the Lambda tier ------------------------------------------------
 
 
-def publish_linear_model(store: RedisMetadataStore, variant: VariantProfile) -> None:
-    inputs = sample_inputs(1)
-    model = ModelRecord(
-        app_id=APP,
-        model_name=MODEL,
-        input_name="input",
-        input_shape=list(inputs.shape[1:]),
-        input_dtype="float32",
-        num_classes=10,
-        registration_id="reg-linear",
-        artifact_key=f"apps/{APP}/{MODEL}/source.onnx",
-    )
-    registration = Registration("reg-linear", APP, MODEL)
-    store.add_model(model, registration)
-    registration.status = RegistrationStatus.READY
-    registration.variant_ids = [variant.variant_id]
-    store.publish_variants(ModelRecord(**{**model.__dict__, "ready": True}), [variant], registration)
-
-
 def test_dispatcher_retries_on_the_lambda_tier_when_the_worker_dies(
     pool: LocalWorkerPool,
     redis_store: RedisMetadataStore,
@@ -375,7 +215,8 @@ def test_dispatcher_retries_on_the_lambda_tier_when_the_worker_dies(
     assert retried.retried
     assert retried.tier is Tier.LAMBDA
     assert retried.worker_id is None
-    assert retried.decision.worker_id == worker.worker_id  # what selection chose before it failed
+    assert retried.decision.tier is Tier.LAMBDA  # the decision that served it, and why:
+    assert worker.worker_id in retried.decision.reason  # the worker selection chose before it failed
     assert retried.cold_start
     assert retried.timings_ms["cold_start_ms"] > 0
     np.testing.assert_allclose(retried.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
@@ -392,8 +233,89 @@ def test_dispatcher_does_not_hide_a_dead_worker_without_a_lambda_tier(
 
     pool.kill(worker.worker_id)
 
-    with pytest.raises(WorkerUnreachableError):
+    with pytest.raises(QueryFailedError) as raised:
         dispatcher.online_query(QueryTargets(app_id=APP), sample_inputs(1))
+    assert raised.value.status_code == 503
+    assert worker.worker_id in raised.value.message and "did not answer" in raised.value.message
+
+
+def start_two_workers_running(
+    pool: LocalWorkerPool, store: RedisMetadataStore, invoker: HttpWorkerInvoker, variant: VariantProfile
+) -> dict[str, ChildProcess]:
+    """Two workers, each with a loaded instance of ``variant`` that its report shows."""
+    pool.scale_to(2)
+    children = pool.workers()
+    for child in children.values():
+        invoker.invoke(child.address, payload(variant, sample_inputs(1)), INVOKE_TIMEOUT_S)
+
+    def running(worker_id: str) -> Callable[[], bool]:
+        def probe() -> bool:
+            state = reported(store, worker_id)
+            return state is not None and [i.variant_id for i in state.instances] == [variant.variant_id]
+
+        return probe
+
+    for worker_id in children:
+        wait_for(running(worker_id), REPORT_WITHIN_S, f"{worker_id} to report its instance")
+    return children
+
+
+def test_dispatcher_retries_on_another_worker_when_the_chosen_one_dies(
+    pool: LocalWorkerPool, redis_store: RedisMetadataStore, invoker: HttpWorkerInvoker
+) -> None:
+    variant = make_variant(pool="cpu")
+    publish_linear_model(redis_store, variant)
+    children = start_two_workers_running(pool, redis_store, invoker, variant)
+    # No Lambda tier: only the other worker can answer. The query is decided on the snapshot the
+    # test's own selection saw (a fresher report could tip the choice to the other worker).
+    dispatcher = Dispatcher(redis_store, InfaasPolicy(DEFAULT_POOLS), invoker, None, live_state_ttl_s=60.0)
+    targets = QueryTargets(app_id=APP, latency_ms=500.0, min_accuracy=0.5)
+    chosen = dispatcher.select(targets).worker_id
+    assert chosen in children
+    [other] = [worker_id for worker_id in children if worker_id != chosen]
+
+    pool.kill(chosen)  # its last report is still fresh: selection still picks it
+    inputs = sample_inputs(3)
+    result = dispatcher.online_query(targets, inputs)
+
+    assert result.retried
+    assert result.tier is Tier.WORKER and result.worker_id == other
+    assert chosen in result.decision.reason
+    np.testing.assert_allclose(result.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_dispatcher_moves_a_query_off_a_hung_worker_within_its_budget_and_grace(
+    pool: LocalWorkerPool, redis_store: RedisMetadataStore, invoker: HttpWorkerInvoker
+) -> None:
+    variant = make_variant(pool="cpu")
+    publish_linear_model(redis_store, variant)
+    children = start_two_workers_running(pool, redis_store, invoker, variant)
+    # Decided on the snapshot the test's own selection saw (a fresher report could tip the choice).
+    dispatcher = Dispatcher(redis_store, InfaasPolicy(DEFAULT_POOLS), invoker, None, live_state_ttl_s=60.0)
+    targets = QueryTargets(app_id=APP, latency_ms=200.0, min_accuracy=0.5)
+    chosen = dispatcher.select(targets).worker_id
+    assert chosen is not None
+    [other] = [worker_id for worker_id in children if worker_id != chosen]
+    hung = children[chosen].process
+
+    # Stopped, not dead: it accepts the connection and never answers (a hung worker).
+    os.kill(hung.pid, signal.SIGSTOP)
+    try:
+        inputs = sample_inputs(2)
+        outcome: list[object] = []
+        query = threading.Thread(target=lambda: outcome.append(dispatcher.online_query(targets, inputs)))
+        query.start()
+        # Bounded by the budget and the attempt's grace, then the retry: far under 30 s.
+        query.join(dispatcher_module.DEADLINE_GRACE_S + 5.0)
+        assert not query.is_alive(), "the query stayed with the hung worker"
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+
+    [result] = outcome
+    assert isinstance(result, QueryResult)
+    assert result.retried and result.tier is Tier.WORKER and result.worker_id == other
+    assert "did not answer" in result.decision.reason
+    np.testing.assert_allclose(result.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
 
 
 # --- the local Lambda tier --------------------------------------------------------------------
@@ -524,3 +446,134 @@ def test_lambda_tier_maps_a_missing_artifact_to_not_found(tier: LocalLambdaTier)
     body = tier.invoke(payload(make_variant(pool="lambda-cpu"), sample_inputs(1)), INVOKE_TIMEOUT_S)
     assert body["cold_start"] is False
     assert tier.size == 1
+
+
+def test_lambda_tier_never_holds_an_invocation_past_its_time_for_a_cold_start(
+    tier: LocalLambdaTier,
+) -> None:
+    variant = make_variant(pool="lambda-cpu")
+
+    # A process start (interpreter, onnxruntime) takes far longer than 50 ms.
+    with pytest.raises(ServiceUnavailableError, match="still starting"):
+        tier.invoke(payload(variant, sample_inputs(1)), 0.05)
+
+    # The container it started still joins the tier, idle, and serves the next invocation warm.
+    wait_for(lambda: tier.size == 1, INVOKE_TIMEOUT_S, "the abandoned cold start to join the tier")
+    body = tier.invoke(payload(variant, sample_inputs(1)), INVOKE_TIMEOUT_S)
+    assert body["cold_start"] is False
+    assert tier.cold_starts == 1
+
+
+# --- the worker server: instances and unloads, its command line ---------------------------------
+
+
+def test_a_request_finishing_after_its_variant_was_unloaded_does_not_bring_it_back(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch run waits on a gate, so that the unload lands while the request is in flight.
+    entered, release = threading.Event(), threading.Event()
+    real_runner = worker_server._session_runner
+
+    def gated_runner(loaded: Any) -> Any:
+        run = real_runner(loaded)
+
+        def gated(inputs: np.ndarray) -> np.ndarray:
+            entered.set()
+            assert release.wait(INVOKE_TIMEOUT_S), "the test never released the run"
+            return run(inputs)
+
+        return gated
+
+    monkeypatch.setattr(worker_server, "_session_runner", gated_runner)
+    worker = Worker("race-0", "cpu", 2, setup.repository_url, setup.tmp / "cache")
+    variant, inputs = make_variant(), sample_inputs(2)
+    outcome: list[dict[str, Any]] = []
+    request = threading.Thread(target=lambda: outcome.append(worker.invoke(payload(variant, inputs))))
+    request.start()
+    assert entered.wait(INVOKE_TIMEOUT_S), "the request never ran"
+    # Loaded: the instance is shown (and holds a slot) from its load, not from its first answer.
+    loaded = worker.monitor.snapshot(time.time())
+    assert [i.variant_id for i in loaded.instances] == [variant.variant_id]
+    assert loaded.free_slots == 1
+
+    worker.unload({"variant_id": variant.variant_id})
+    release.set()
+    request.join(INVOKE_TIMEOUT_S)
+
+    [body] = outcome  # the request in flight is still answered...
+    np.testing.assert_allclose(
+        decode_array(body["outputs_npy_b64"]), expected_logits(inputs), rtol=1e-5, atol=1e-5
+    )
+    after = worker.monitor.snapshot(time.time())  # ...without bringing the instance back
+    assert after.instances == ()
+    assert after.free_slots == 2
+    assert worker.runtime.loaded_ids == []
+
+
+def test_advertised_host_is_the_given_one_else_the_bound_one() -> None:
+    assert advertise_host_for("127.0.0.1", None) == "127.0.0.1"
+    assert advertise_host_for("0.0.0.0", "10.0.1.23") == "10.0.1.23"
+    assert advertise_host_for("127.0.0.1", "worker-3.internal") == "worker-3.internal"
+    for wildcard in ("0.0.0.0", "::", ""):
+        with pytest.raises(ValueError, match="--advertise-host"):
+            advertise_host_for(wildcard, None)
+    with pytest.raises(ValueError, match="not an address"):
+        advertise_host_for("0.0.0.0", "0.0.0.0")
+    assert http_address("10.0.1.23", 8500) == "http://10.0.1.23:8500"
+    assert http_address("fd00::17", 8500) == "http://[fd00::17]:8500"
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--host", "0.0.0.0"], "--advertise-host"),
+        (["--port", "70000"], "outside 0-65535"),
+        (["--port", "http"], "not a port number"),
+    ],
+)
+def test_worker_command_line_refuses_what_it_cannot_serve_with(
+    flags: list[str], complaint: str, setup: Setup, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        worker_server.main(
+            ["--worker-id", "cli-0", "--repository", setup.repository_url, "--report-url", "x", *flags]
+        )
+    assert exited.value.code == 2
+    assert complaint in capsys.readouterr().err
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_worker_binds_every_interface_on_a_fixed_port_and_reports_the_advertised_address(
+    setup: Setup, redis_store: RedisMetadataStore, invoker: HttpWorkerInvoker, tmp_path: Path
+) -> None:
+    port = free_port()
+    report_url = f"{os.environ['MODELLESS_TEST_REDIS_URL']}?prefix={redis_store.keys.prefix}"
+    child = spawn(
+        "ec2-0",
+        "infra.worker_server",
+        [
+            *("--worker-id", "ec2-0", "--pool", "cpu", "--repository", setup.repository_url),
+            *("--cache-dir", str(tmp_path / "cache"), "--report-url", report_url),
+            *("--host", "0.0.0.0", "--port", str(port), "--advertise-host", "127.0.0.1"),
+        ],
+        tmp_path / "logs",
+        env={"OMP_NUM_THREADS": "1"},
+    )
+    try:
+        assert child.port == port
+        state = wait_for(lambda: reported(redis_store, "ec2-0"), REPORT_WITHIN_S, "the worker's first report")
+        assert state.address == f"http://127.0.0.1:{port}"
+        inputs = sample_inputs(2)
+        body = invoker.invoke(state.address, payload(make_variant(), inputs), INVOKE_TIMEOUT_S)
+        np.testing.assert_allclose(
+            decode_array(body["outputs_npy_b64"]), expected_logits(inputs), rtol=1e-5, atol=1e-5
+        )
+    finally:
+        child.stop()
+    assert not child.alive()

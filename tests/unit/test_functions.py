@@ -6,15 +6,18 @@ import copy
 import importlib
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
 
+from modelless.load import LoadGroup
 from modelless.repository.local import LocalModelRepository
 from modelless.runtime import decode_array, encode_array
-from modelless.types import VariantProfile
+from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
 from tests.models import digits, linear_model
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
@@ -114,3 +117,96 @@ def test_cpu_worker_handler_refuses_garbage_with_a_4xx(
     reply = worker.handler(event, FakeContext())
     assert reply["statusCode"] == 400
     assert "npy" in reply["error"]["message"]
+
+
+# --- the scaler: its ticks within a scheduled invocation ----------------------------------------
+
+
+class ScalerClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ScalerContext(FakeContext):
+    """The context of an invocation with a 70 s timeout (template.yaml), on the fake clock."""
+
+    def __init__(self, clock: ScalerClock) -> None:
+        self._clock = clock
+        self._deadline = clock.now + 70.0
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int((self._deadline - self._clock.now) * 1000)
+
+
+def scaler_function(monkeypatch: pytest.MonkeyPatch, period: str) -> ModuleType:
+    monkeypatch.setenv("MODELLESS_METADATA_URL", "memory://")
+    monkeypatch.setenv("MODELLESS_POOL_GROUPS", "{}")
+    monkeypatch.setenv("MODELLESS_MAX_WORKERS", "{}")  # no pool to manage: no AWS call
+    monkeypatch.setenv("MODELLESS_SCALER_PERIOD_S", period)
+    return fresh_import("functions.scaler.app")
+
+
+def test_scaler_handler_ticks_every_period_within_its_scheduled_minute(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from modelless.scaling.ticks import ScheduledTicks
+
+    monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
+    scaler = scaler_function(monkeypatch, "15")
+    event = json.loads((EVENTS / "scheduled.json").read_text())
+    scheduled = datetime.fromisoformat(event["time"]).timestamp()
+    clock = ScalerClock(scheduled + 0.4)
+    ticked: list[float] = []
+
+    def tick(now: float) -> dict[str, Any]:
+        ticked.append(now)
+        summary: dict[str, Any] = scaler.scaling_tick(now)
+        return summary
+
+    # Load a Lambda variant serves (no pool is managed here): every tick's plan leaves it there.
+    variant = linear_variant()
+    record = ModelRecord("app", "linear", "input", [64], "float32", 10, "reg", "src", True)
+    registration = Registration("reg", "app", "linear", RegistrationStatus.READY)
+    scaler.store.add_model(record, registration)
+    scaler.store.publish_variants(record, [variant], registration)
+    group = LoadGroup("app", None, 0.8, 50.0)
+    for second in range(int(scheduled) - 30, int(scheduled) + 60):
+        scaler.store.add_load({group.key: 40}, second)
+    # The handler's own loop, on the fake clock: its period is the environment's.
+    assert scaler.ticks.period_s == 15.0
+    monkeypatch.setattr(
+        scaler, "ticks", ScheduledTicks(tick, scaler.store, period_s=15.0, clock=clock, sleep=clock.sleep)
+    )
+    capsys.readouterr()
+
+    summary = scaler.handler(event, ScalerContext(clock))
+
+    assert ticked == [scheduled + 0.4, scheduled + 15, scheduled + 30, scheduled + 45]
+    assert summary["ticks"] == 4 and summary["failed"] == summary["skipped"] == 0
+    assert summary["stopped"] == "the next invocation is due" and summary["period_s"] == 15.0
+    assert summary["status"] == "optimal"  # the last tick's plan
+    assert summary["lambda_qps"] == {group.key: pytest.approx(48.0)}  # the load and its 20 % slack
+    assert scaler.store.scaler_lease_holder() is None
+    # One EMF record for the invocation, holding every tick's figures.
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "ScalingTicks" in line]
+    assert len(emf) == 1
+    assert emf[0]["ScalingTicks"] == [4.0] and emf[0]["ScalingTicksFailed"] == [0.0]
+    assert emf[0]["LambdaTierQps"] == [pytest.approx(48.0)] * 4
+    assert len(emf[0]["SolveTime"]) == len(emf[0]["PlanCostPerHour"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("period", "message"),
+    [("soon", "MODELLESS_SCALER_PERIOD_S must be a number of seconds"), ("90", "at most 60 s")],
+)
+def test_scaler_function_refuses_a_bad_period(
+    monkeypatch: pytest.MonkeyPatch, period: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        scaler_function(monkeypatch, period)

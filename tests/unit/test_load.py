@@ -12,7 +12,9 @@ from modelless.types import QueryTargets
     ("latency", "accuracy", "expected_latency", "expected_accuracy"),
     [
         (50.0, 0.9, 50.0, 0.90),
-        (73.0, 0.901, 50.0, 0.91),  # latency rounds down, accuracy up: the stricter side
+        (73.0, 0.901, 70.0, 0.91),  # latency rounds down, accuracy up: the stricter side
+        (8.0, 0.9, 7.0, 0.90),  # not 5 ms: a 7 ms model meets an 8 ms budget, and its class
+        (1.7, 0.9, 1.5, 0.90),
         (0.5, 0.0, 0.5, 0.0),  # below the smallest class: the budget itself
         (None, 0.95, LATENCY_CLASSES_MS[-1], 0.95),
     ],
@@ -25,12 +27,22 @@ def test_groups_round_to_the_stricter_class(
     assert group.min_accuracy == pytest.approx(expected_accuracy)
 
 
+def test_a_budget_loses_at_most_40_percent_to_its_class_up_to_a_second() -> None:
+    assert list(LATENCY_CLASSES_MS) == sorted(set(LATENCY_CLASSES_MS))
+    for budget in (1.0 + 0.01 * step for step in range(100_000)):  # 1 ms .. 1 s
+        planned = group_of(QueryTargets("app", latency_ms=budget)).latency_ms
+        assert 0.6 * budget <= planned <= budget, budget
+
+
 def test_group_keys_round_trip_and_separate_named_models() -> None:
     named = group_of(QueryTargets("app", latency_ms=20, model_name="m"))
     anonymous = group_of(QueryTargets("app", latency_ms=20))
     assert named.key != anonymous.key
     assert LoadGroup.parse(named.key) == named
     assert LoadGroup.parse(anonymous.key) == anonymous
+    fractional = group_of(QueryTargets("app", latency_ms=1.9, min_accuracy=0.9))
+    assert fractional.key == "app|*|0.90|1.5"
+    assert LoadGroup.parse(fractional.key) == fractional
 
 
 def test_the_recorder_hands_counts_over_once_a_second_and_starts_again() -> None:

@@ -129,6 +129,8 @@ def test_utilisation_is_busy_time_over_window_and_slots() -> None:
 
     assert state.utilisation == pytest.approx(2500 / (WINDOW_S * 1000 * 2))
     assert state.free_slots == 0
+    per_instance = {i.variant_id: i.utilisation for i in state.instances}
+    assert per_instance == {"a": pytest.approx(1000 / (WINDOW_S * 1000)), "b": pytest.approx(0.3)}
 
 
 def test_utilisation_is_capped_at_one() -> None:

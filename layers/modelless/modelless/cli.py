@@ -4,6 +4,8 @@
     modelless register --app digits --name digits-cnn --model cnn.onnx --valset val.npz
     modelless query --app digits --latency 5 --accuracy 0.95 --inputs sample.npy
     modelless variants --app digits
+    modelless offline-query --app digits --input s3://b/in/ --output s3://b/out/ --accuracy 0.9 --wait
+    modelless job status JOB_ID --app digits --wait
 
 The server URL comes from --url, $MODELLESS_URL or the embedded stack's .modelless/stack.json;
 app keys from --api-key, $MODELLESS_API_KEY or .modelless/credentials.json (written by create-app).
@@ -102,6 +104,59 @@ def variant_rows(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def job_progress_line(job: dict[str, Any], width: int = 30) -> str:
+    """``[#####.....] 120/500 24% running, 35.2 inputs/s, 3 failed`` (and why it is paused)."""
+    total = int(job.get("total") or 0)
+    done = int(job.get("done") or 0)
+    filled = int(width * done / total) if total else (width if job["status"] == "completed" else 0)
+    percent = f"{100 * done / total:.0f}%" if total else "-"
+    line = (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total or '?'} {percent} {job['status']}, "
+        f"{float(job.get('throughput') or 0.0):.1f} inputs/s, {int(job.get('errors') or 0)} failed"
+    )
+    if job.get("paused"):
+        line += f" (paused: {job.get('pauseReason')})"
+    return line
+
+
+def job_report(job: dict[str, Any]) -> str:
+    """The lines ``job status`` prints once a job has finished (or when asked without --wait)."""
+    lines = [
+        f"job {job['jobId']}: {job['status']} ({job['message']})",
+        f"  inputs:   {job['inputPath']} -> {job['outputPath']}",
+        f"  progress: {job['done']}/{job['total']} done, {job['succeeded']} succeeded, "
+        f"{job['errors']} failed",
+        f"  variant:  {job.get('variant') or '-'}",
+        f"  speed:    {float(job.get('throughput') or 0.0):.2f} inputs/s over {job['elapsedSeconds']:.1f} s "
+        f"({job['activeSeconds']:.1f} s running, {job['runs']} run(s))",
+    ]
+    if job.get("summaryPath"):
+        lines.append(f"  summary:  {job['summaryPath']}")
+    for sample in job.get("errorSamples") or []:
+        lines.append(f"  failed:   {sample['input']}: {sample['error']}")
+    return "\n".join(lines)
+
+
+def _follow_job(client: Client, job_id: str, poll_s: float) -> dict[str, Any]:
+    """Wait for the job with a progress bar on stderr (redrawn in place on a terminal)."""
+    live = sys.stderr.isatty()
+    shown = ""
+
+    def draw(job: dict[str, Any]) -> None:
+        nonlocal shown
+        line = job_progress_line(job)
+        if live:
+            print("\r" + line[:150].ljust(150), end="", file=sys.stderr, flush=True)
+        elif line != shown:
+            print(line, file=sys.stderr, flush=True)
+        shown = line
+
+    final = client.wait_for_job(job_id, on_progress=draw, poll_s=poll_s)
+    if live:
+        print(file=sys.stderr)
+    return final
 
 
 def registration_lines(registrations: list[dict[str, Any]]) -> list[str]:
@@ -212,6 +267,65 @@ def _cmd_import_profiles(args: argparse.Namespace) -> None:
     print(f"imported {len(imported)} profile(s):\n" + "\n".join(imported))
 
 
+def _cmd_offline_query(args: argparse.Namespace) -> None:
+    if args.accuracy is None and args.model is None:
+        raise SystemExit("give --accuracy or --model")
+    with _client(args) as client:
+        job = client.offline_query(
+            args.input, args.output, args.app, accuracy=args.accuracy, model_name=args.model
+        )
+        print(f"job {job['jobId']} accepted: {job['status']}")
+        if args.wait:
+            _finish_job(_follow_job(client, job["jobId"], args.interval))
+
+
+def _finish_job(job: dict[str, Any]) -> None:
+    print(job_report(job))
+    if job["status"] == "failed":
+        raise SystemExit(1)
+
+
+def _cmd_job_status(args: argparse.Namespace) -> None:
+    with _client(args) as client:
+        job = _follow_job(client, args.job_id, args.interval) if args.wait else client.job(args.job_id)
+    if args.json:
+        print(json.dumps(job, indent=2))
+        return
+    if args.wait:
+        _finish_job(job)
+        return
+    print(job_progress_line(job))
+    print(job_report(job))
+
+
+def _cmd_jobs(args: argparse.Namespace) -> None:
+    with _client(args) as client:
+        jobs = client.jobs()
+    rows = [
+        {
+            "job": j["jobId"],
+            "status": j["status"],
+            "done": f"{j['done']}/{j['total']}",
+            "failed": j["errors"],
+            "inputs/s": f"{j['throughput']:.1f}",
+            "input": j["inputPath"],
+            "source": j["source"],
+        }
+        for j in jobs
+    ]
+    print(
+        format_table(rows, ["job", "status", "done", "failed", "inputs/s", "input", "source"])
+        if rows
+        else "no jobs"
+    )
+
+
+def _cmd_allow_buckets(args: argparse.Namespace) -> None:
+    with _client(args) as client:
+        buckets = client.set_offline_buckets(args.app_id, args.buckets)
+    print(f"app {args.app_id}: offline jobs may use {', '.join(buckets) or 'no bucket'}")
+
+
 def _cmd_workers(args: argparse.Namespace) -> None:
     with _client(args) as client:
         for worker in client.workers():
@@ -281,6 +395,39 @@ def build_parser() -> argparse.ArgumentParser:
     importing.add_argument("--model", required=True)
     importing.add_argument("file", help="JSON list of profiles (see docs/VARIANTS.md)")
     importing.set_defaults(run=_cmd_import_profiles)
+
+    offline = commands.add_parser(
+        "offline-query", help="batch job over S3 objects: one result per input under --output"
+    )
+    offline.add_argument("--app", required=True)
+    offline.add_argument("--input", required=True, help="s3://bucket/prefix of the inputs")
+    offline.add_argument("--output", required=True, help="s3://bucket/prefix for the results")
+    offline.add_argument("--accuracy", type=float, help="minimum accuracy, 0..1")
+    offline.add_argument("--model", help="name the model instead of an accuracy")
+    offline.add_argument("--wait", action="store_true", help="follow the job to the end (progress on stderr)")
+    offline.add_argument("--interval", type=float, default=1.0, help="seconds between progress checks")
+    offline.set_defaults(run=_cmd_offline_query)
+
+    job = commands.add_parser("job", help="offline jobs")
+    job_commands = job.add_subparsers(dest="job_command", required=True)
+    job_status = job_commands.add_parser("status", help="a job's progress: done/total, speed, failures")
+    job_status.add_argument("job_id")
+    job_status.add_argument("--app", required=True)
+    job_status.add_argument(
+        "--wait", action="store_true", help="wait for the end, with a progress bar on stderr"
+    )
+    job_status.add_argument("--interval", type=float, default=1.0, help="seconds between progress checks")
+    job_status.add_argument("--json", action="store_true", help="print the whole reply")
+    job_status.set_defaults(run=_cmd_job_status)
+
+    jobs = commands.add_parser("jobs", help="the app's offline jobs")
+    jobs.add_argument("--app", required=True)
+    jobs.set_defaults(run=_cmd_jobs)
+
+    allow = commands.add_parser("allow-buckets", help="admin: the S3 buckets an app's offline jobs may use")
+    allow.add_argument("app_id")
+    allow.add_argument("buckets", nargs="*", help="bucket names (none: no bucket)")
+    allow.set_defaults(run=_cmd_allow_buckets)
 
     workers = commands.add_parser("workers", help="live worker state")
     workers.add_argument("--app", required=True)

@@ -69,9 +69,17 @@ class Client:
         except (httpx.HTTPError, ModellessClientError):
             return False
 
-    def create_app(self, app_id: str) -> str:
+    def create_app(self, app_id: str, offline_buckets: list[str] | None = None) -> str:
         """Create an app (admin key) and return its API key, shown only this once."""
-        return str(self._call("POST", "/v1/apps", admin=True, json={"appID": app_id})["apiKey"])
+        body: dict[str, Any] = {"appID": app_id}
+        if offline_buckets is not None:
+            body["offlineBuckets"] = offline_buckets
+        return str(self._call("POST", "/v1/apps", admin=True, json=body)["apiKey"])
+
+    def set_offline_buckets(self, app_id: str, buckets: list[str]) -> list[str]:
+        """Admin: the S3 buckets the app's offline jobs may read and write."""
+        reply = self._call("PUT", f"/v1/apps/{app_id}/offline-buckets", admin=True, json={"buckets": buckets})
+        return list(reply["buckets"])
 
     def register_model(
         self,
@@ -151,6 +159,50 @@ class Client:
             body["modelName"] = model_name
         reply: dict[str, Any] = self._call("POST", "/v1/online_query", json=body)
         return reply
+
+    def offline_query(
+        self,
+        input_path: str,
+        output_path: str,
+        app_id: str,
+        accuracy: float | None = None,
+        model_name: str | None = None,
+    ) -> dict[str, Any]:
+        """INFaaS ``offline_query``: a batch job over every object under ``input_path``
+        (``s3://bucket/prefix``); one result per input lands under ``output_path``. Returns the
+        job at once (``wait_for_job`` follows it to the end)."""
+        body: dict[str, Any] = {"appID": app_id, "inputPath": input_path, "outputPath": output_path}
+        if accuracy is not None:
+            body["accuracy"] = accuracy
+        if model_name is not None:
+            body["modelName"] = model_name
+        reply: dict[str, Any] = self._call("POST", "/v1/offline_query", json=body)
+        return reply
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        reply: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}")
+        return reply
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/jobs")["jobs"])
+
+    def wait_for_job(
+        self,
+        job_id: str,
+        timeout_s: float = 3600.0,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        poll_s: float = 1.0,
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.job(job_id)
+            if on_progress is not None:
+                on_progress(status)
+            if status["status"] in {"completed", "failed"}:
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} not finished after {timeout_s} s")
+            time.sleep(poll_s)
 
     def variants(self, model_name: str | None = None) -> list[dict[str, Any]]:
         params = {"modelName": model_name} if model_name else {}

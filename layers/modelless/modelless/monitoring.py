@@ -17,6 +17,14 @@ WINDOW_S = 5.0
 OVERLOADED_BUSY_FRACTION = 0.9  # an instance busy this share of the window is at saturation...
 OVERLOADED_EXIT_BUSY_FRACTION = 0.7  # ...and stays Overloaded until it is below this
 OVERLOADED_QUEUE = 8  # this many requests waiting on one instance: saturated, whatever the window says
+
+
+def saturated_queue(batch_limit: int) -> int:
+    """Requests in flight on one instance at which it serves at saturation: ``OVERLOADED_QUEUE``,
+    or, for an instance that batches, two of its batches (one running, one full and waiting: a
+    query arriving then could only go in a third). The worker's monitor and the gateway's own
+    in-flight count use this one rule."""
+    return max(OVERLOADED_QUEUE, 2 * max(1, batch_limit))
 INTERFERED_FACTOR = 2.0  # inference p99 this many times the profile's (plus slack) = interfered...
 INTERFERED_EXIT_FACTOR = 1.5  # ...until it is back under this
 INTERFERED_SLACK_MS = 1.0
@@ -40,18 +48,49 @@ class WorkerMonitor:
         self._profiles: dict[str, VariantProfile] = {}
         self._in_flight: dict[str, int] = {}
         self._states: dict[str, InstanceState] = {}
+        self._batch_limits: dict[str, int] = {}  # rows each instance's batcher takes per run now
+        # Instances being drained (an unload waiting for the queries they hold): no longer
+        # reported, so that selection stops choosing them, but still holding their slot.
+        self._draining: set[str] = set()
+        # Offline batch runs (DESIGN §6), worker-wide: they count towards the worker's busy time
+        # but never towards an instance's online QPS, latency or state.
+        self._offline_runs: deque[_Run] = deque()
         self._lock = threading.Lock()
 
     def loaded(self, variant: VariantProfile) -> None:
+        """The instance is loaded (again: a drain in progress is called off)."""
         with self._lock:
+            self._draining.discard(variant.variant_id)
             self._profiles[variant.variant_id] = variant
             self._runs.setdefault(variant.variant_id, deque())
 
+    def draining(self, variant_id: str) -> None:
+        """The instance is on its way out: it leaves the reports at once (selection and the scaler
+        stop counting it) but keeps its slot until ``unloaded``, when its queries are done."""
+        with self._lock:
+            if variant_id in self._runs:
+                self._draining.add(variant_id)
+            self._runs.pop(variant_id, None)
+            self._states.pop(variant_id, None)
+
     def unloaded(self, variant_id: str) -> None:
         with self._lock:
+            self._draining.discard(variant_id)
             self._profiles.pop(variant_id, None)
             self._runs.pop(variant_id, None)
             self._states.pop(variant_id, None)
+            self._batch_limits.pop(variant_id, None)
+
+    def batching(self, variant_id: str, batch_limit: int) -> None:
+        """The rows the instance's batcher takes per run now: its saturation follows it."""
+        with self._lock:
+            if variant_id in self._runs:
+                self._batch_limits[variant_id] = max(1, batch_limit)
+
+    @property
+    def draining_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self._draining)
 
     def started(self, variant_id: str) -> None:
         with self._lock:
@@ -69,10 +108,19 @@ class WorkerMonitor:
             if runs is not None:  # a run that ends after its unload must not bring the instance back
                 runs.append(_Run(at, batch, queue_ms, inference_ms))
 
+    def finished_offline(self, at: float, inference_ms: float) -> None:
+        """An offline batch ran for ``inference_ms`` (between online batches, never with them)."""
+        with self._lock:
+            self._offline_runs.append(_Run(at, 0, 0.0, inference_ms))
+
     def snapshot(self, now: float) -> WorkerState:
         instances: list[InstanceStats] = []
         busy_ms_total = 0.0
+        latency_ratio = 0.0
         with self._lock:
+            while self._offline_runs and self._offline_runs[0].at < now - WINDOW_S:
+                self._offline_runs.popleft()
+            offline_busy_ms = sum(r.inference_ms for r in self._offline_runs)
             for variant_id, runs in self._runs.items():
                 while runs and runs[0].at < now - WINDOW_S:
                     runs.popleft()
@@ -82,13 +130,16 @@ class WorkerMonitor:
                 p50 = _percentile(latencies, 0.5)
                 p99 = _percentile(latencies, 0.99)
                 queued = self._in_flight.get(variant_id, 0)
+                batch_limit = self._batch_limits.get(variant_id, 1)
                 state = next_state(
                     self._states.get(variant_id, InstanceState.ACTIVE),
                     busy_ms / (WINDOW_S * 1000),
                     queued,
                     _slowdown(self._profiles.get(variant_id), runs),
+                    saturated_queue(batch_limit),
                 )
                 self._states[variant_id] = state
+                latency_ratio = max(latency_ratio, _latency_ratio(self._profiles.get(variant_id), runs))
                 instances.append(
                     InstanceStats(
                         variant_id=variant_id,
@@ -97,10 +148,13 @@ class WorkerMonitor:
                         latency_p50_ms=p50,
                         latency_p99_ms=p99,
                         queue_length=queued,
+                        utilisation=round(min(1.0, busy_ms / (WINDOW_S * 1000)), 4),
+                        batch_limit=batch_limit,
                     )
                 )
-            loaded_count = len(self._runs)
-        utilisation = min(1.0, busy_ms_total / (WINDOW_S * 1000 * max(1, self.slots)))
+            loaded_count = len(self._runs) + len(self._draining)
+        capacity_ms = WINDOW_S * 1000 * max(1, self.slots)
+        utilisation = min(1.0, (busy_ms_total + offline_busy_ms) / capacity_ms)
         return WorkerState(
             worker_id=self.worker_id,
             pool=self.pool,
@@ -109,17 +163,25 @@ class WorkerMonitor:
             free_slots=max(0, self.slots - loaded_count),
             reported_at=now,
             instances=tuple(sorted(instances, key=lambda i: i.variant_id)),
+            offline_utilisation=round(min(utilisation, offline_busy_ms / capacity_ms), 4),
+            online_latency_ratio=round(latency_ratio, 3),
         )
 
 
-def next_state(previous: InstanceState, busy_fraction: float, queued: int, slowdown: float) -> InstanceState:
+def next_state(
+    previous: InstanceState,
+    busy_fraction: float,
+    queued: int,
+    slowdown: float,
+    queue_limit: int = OVERLOADED_QUEUE,
+) -> InstanceState:
     """INFaaS Figure 4 for one loaded instance: Active, Overloaded (serving at saturation) or
-    Interfered (slower than profiled while not overloaded), with hysteresis on every exit."""
-    overloaded = busy_fraction >= OVERLOADED_BUSY_FRACTION or queued >= OVERLOADED_QUEUE
+    Interfered (slower than profiled while not overloaded), with hysteresis on every exit.
+    ``queue_limit``: requests in flight at which it is saturated (``saturated_queue``)."""
+    overloaded = busy_fraction >= OVERLOADED_BUSY_FRACTION or queued >= queue_limit
     if previous is InstanceState.OVERLOADED:
-        overloaded = (
-            overloaded or busy_fraction >= OVERLOADED_EXIT_BUSY_FRACTION or queued >= OVERLOADED_QUEUE // 2
-        )
+        still_busy = busy_fraction >= OVERLOADED_EXIT_BUSY_FRACTION or queued >= queue_limit // 2
+        overloaded = overloaded or still_busy
     if overloaded:
         return InstanceState.OVERLOADED
     limit = INTERFERED_EXIT_FACTOR if previous is InstanceState.INTERFERED else INTERFERED_FACTOR
@@ -133,6 +195,20 @@ def _slowdown(profile: VariantProfile | None, runs: deque[_Run]) -> float:
         return 0.0
     ratios = sorted(
         r.inference_ms / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
+        for r in runs
+    )
+    return _percentile(ratios, 0.99)
+
+
+def _latency_ratio(profile: VariantProfile | None, runs: deque[_Run]) -> float:
+    """p99 over the window of online latency on the worker (queue + inference) / profiled time
+    at the same batch size: unlike ``_slowdown``, queueing counts, since waiting behind offline
+    work is exactly what the offline throttle must see."""
+    if profile is None or not runs:
+        return 0.0
+    ratios = sorted(
+        (r.queue_ms + r.inference_ms)
+        / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
         for r in runs
     )
     return _percentile(ratios, 0.99)

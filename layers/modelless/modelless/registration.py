@@ -5,6 +5,10 @@ runs variant generation and each profile in a fresh child process (never in the 
 registration at a time so that concurrent profiling does not distort the measurements. A failure
 removes every trace of the model from the store and the repository; the registration record
 stays, marked failed, with the reason.
+
+Where the background part runs: a thread of this process (the embedded stack), or, in AWS, the
+registrar function (``functions/registrar``), which the gateway invokes asynchronously with a
+``RegistrationJob`` once the upload is in the model repository (``LambdaRegistrationLauncher``).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,7 @@ import numpy as np
 from aws_lambda_powertools import Logger
 
 from modelless.config import Settings
-from modelless.exceptions import InvalidInputError, InvalidModelError
+from modelless.exceptions import InvalidInputError, InvalidModelError, NotFoundError, ServiceUnavailableError
 from modelless.metadata.base import MetadataStore
 from modelless.pools.catalog import Placement, PoolSpec, placements
 from modelless.repository.base import ModelRepository
@@ -45,6 +50,58 @@ def variant_id(app_id: str, model_name: str, recipe: str, pool: str) -> str:
     return f"{app_id}/{model_name}/{recipe}/{pool}"
 
 
+@dataclass(frozen=True)
+class RegistrationJob:
+    """The background part of one registration: what the registrar function is invoked with."""
+
+    registration_id: str
+    app_id: str
+    model_name: str
+    metric: str = "top1"
+    correlation_id: str = ""
+
+    def to_event(self) -> dict[str, str]:
+        return {
+            "registrationId": self.registration_id,
+            "appID": self.app_id,
+            "modelName": self.model_name,
+            "metric": self.metric,
+            "correlationId": self.correlation_id,
+        }
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> RegistrationJob:
+        missing = [k for k in ("registrationId", "appID", "modelName") if not event.get(k)]
+        if missing:
+            raise InvalidInputError(f"registration event lacks {missing}")
+        return cls(
+            registration_id=str(event["registrationId"]),
+            app_id=str(event["appID"]),
+            model_name=str(event["modelName"]),
+            metric=str(event.get("metric") or "top1"),
+            correlation_id=str(event.get("correlationId") or ""),
+        )
+
+
+# Hands a registration's background part to whatever runs it; raising means it was not handed on.
+RegistrationLauncher = Callable[[RegistrationJob], None]
+
+
+class LambdaRegistrationLauncher:
+    """In AWS: an asynchronous ``lambda:Invoke`` (InvocationType ``Event``) of the registrar."""
+
+    def __init__(self, function_name: str, client: Any | None = None) -> None:
+        import boto3
+
+        self._function = function_name
+        self._lambda = client or boto3.client("lambda")
+
+    def __call__(self, job: RegistrationJob) -> None:
+        self._lambda.invoke(
+            FunctionName=self._function, InvocationType="Event", Payload=json.dumps(job.to_event())
+        )
+
+
 class RegistrationService:
     def __init__(
         self,
@@ -52,16 +109,25 @@ class RegistrationService:
         repository: ModelRepository,
         settings: Settings,
         pools: Mapping[str, PoolSpec],
+        launcher: RegistrationLauncher | None = None,
     ) -> None:
+        """``launcher``: where the background part runs; None runs it in a thread of this process."""
         self._store = store
         self._repository = repository
         self._settings = settings
         self._pools = pools
+        self._launcher = launcher
         # One registration at a time, so that concurrent profiles do not disturb each other.
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="registrar")
 
     def register(
-        self, app_id: str, model_name: str, model_bytes: bytes, valset_bytes: bytes, metric: str = "top1"
+        self,
+        app_id: str,
+        model_name: str,
+        model_bytes: bytes,
+        valset_bytes: bytes,
+        metric: str = "top1",
+        correlation_id: str = "",
     ) -> Registration:
         check_name("modelName", model_name)
         if metric not in ACCURACY_METRICS:
@@ -102,9 +168,45 @@ class RegistrationService:
         except Exception:
             self._undo(model)
             raise
-        self._background.submit(self._generate_and_profile, model, registration, metric)
-        # A snapshot: the background thread goes on updating its own record.
-        return Registration.from_json(registration.to_json())
+        # A snapshot taken before the background part starts: it goes on updating its own record.
+        snapshot = Registration.from_json(registration.to_json())
+        if self._launcher is None:
+            self._background.submit(self._generate_and_profile, model, registration, metric)
+        else:
+            job = RegistrationJob(registration.registration_id, app_id, model_name, metric, correlation_id)
+            try:
+                self._launcher(job)
+            except Exception as error:
+                logger.exception("registration could not be handed to the registrar")
+                self._undo(model)
+                self._fail(registration, f"the registrar could not be started: {type(error).__name__}")
+                raise ServiceUnavailableError(
+                    "the registrar could not be started; nothing was kept, try again",
+                    registration_id=registration.registration_id,
+                ) from error
+        return snapshot
+
+    def run(self, job: RegistrationJob) -> Registration:
+        """The background part of a registration handed on by a launcher (the registrar function):
+        build, profile and prune its variants, then publish them, or record why it failed.
+
+        A job whose registration has already left the queue (a duplicate delivery of the event)
+        is not run again; its record is returned as it stands."""
+        registration = self._store.get_registration(job.registration_id)
+        model = self._store.get_model(job.app_id, job.model_name)
+        if registration is None or registration.app_id != job.app_id:
+            raise NotFoundError(f"no registration {job.registration_id!r} in app {job.app_id!r}")
+        if registration.status is not RegistrationStatus.QUEUED:
+            logger.warning(
+                "registration is not queued; not run again",
+                extra={"registration_id": job.registration_id, "status": registration.status.value},
+            )
+            return registration
+        if model is None or model.registration_id != job.registration_id:
+            self._fail(registration, "the model was removed before its variants were generated")
+            return registration
+        self._generate_and_profile(model, registration, job.metric)
+        return registration
 
     def _generate_and_profile(self, model: ModelRecord, registration: Registration, metric: str) -> None:
         try:
@@ -128,10 +230,13 @@ class RegistrationService:
         except Exception as error:
             logger.exception("registration failed", extra={"model": model.model_name})
             self._undo(model)
-            registration.status = RegistrationStatus.FAILED
-            registration.finished_at = time.time()
-            registration.message = f"{type(error).__name__}: {error}"
-            self._store.put_registration(registration)
+            self._fail(registration, f"{type(error).__name__}: {error}")
+
+    def _fail(self, registration: Registration, message: str) -> None:
+        registration.status = RegistrationStatus.FAILED
+        registration.finished_at = time.time()
+        registration.message = message
+        self._store.put_registration(registration)
 
     def _build_variants(
         self, model: ModelRecord, registration: Registration, tmp: Path, metric: str

@@ -14,14 +14,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnxruntime as ort
 
 from modelless.exceptions import InvalidInputError
 from modelless.repository.base import ModelRepository, fetch_to_cache
 from modelless.types import VariantProfile
+
+if TYPE_CHECKING:
+    # Imported where a session is made: the gateway and the offline function use this module's
+    # payload helpers only, and their Lambda packages leave onnxruntime out.
+    import onnxruntime as ort
 
 
 def encode_array(array: np.ndarray) -> str:
@@ -62,6 +66,8 @@ def make_session(model_path: Path | str, threads: int) -> ort.InferenceSession:
     Artifacts are saved already optimised, so the session must not optimise them again: that
     would erase the difference between optimisation levels that the variants stand for.
     """
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -73,6 +79,8 @@ def make_session(model_path: Path | str, threads: int) -> ort.InferenceSession:
 
 def available_providers() -> list[str]:
     # The GPU pool's workers use CUDA where a device exists; everywhere else the CPU provider.
+    import onnxruntime as ort
+
     preferred = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     present = set(ort.get_available_providers())
     return [p for p in preferred if p in present]

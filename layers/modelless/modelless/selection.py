@@ -2,18 +2,68 @@
 
 A policy is a pure function of the query's targets, the candidate profiles and the workers'
 live state: no I/O, so it is tested on hand-built profiles and timed on its own.
+
+``Candidates`` is the candidate list with what a decision looks up precomputed once per batch
+size (latency, cost, cold latency; the variants ordered by the inactive-variant key), so that a
+decision costs a walk over the live instances and the head of one sorted list, not a pass over
+every profile. The dispatcher keeps one per app and per target for as long as the profiles do
+not change; a plain list works too (it is indexed on the spot, with the same answers).
+
+The Lambda tier's cold starts: a query sent to the tier when no container is idle starts a new
+one (a process start, then the variant's load: hundreds of ms locally, more in AWS). Where the
+tier can say which containers are idle (``LambdaTierState``: the local tier can), selection
+counts that start in the expected latency of a Lambda decision, and a query whose budget a cold
+start would break prefers a worker's instance that meets it, then a warm idle container, and only
+then a cold one. Where it cannot (AWS: nothing tells which execution environments are warm), the
+tier is assumed warm, as INFaaS's profiled latencies assume; provisioned concurrency
+(``LambdaTierProvisionedConcurrency`` in template.yaml) is what makes that assumption hold there.
+
+What is queued on an Active instance counts too: a query sent there waits for the requests ahead
+of it (the worker's report of its queue, or the gateway's own queries in flight when they are
+more), run by run at the instance's batch size (``queue_wait_ms``). An instance whose profiled
+latency meets the budget but whose queue would break it is skipped, which INFaaS's profiled p99s
+alone would not see: at ~7 ms a query, seven queries ahead already break a 50 ms budget, before
+the instance counts as saturated (at eight, or two of its batches: ``monitoring.saturated_queue``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol, overload
 
 from modelless.exceptions import TargetsUnreachableError
 from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.types import Decision, InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
+
+
+@dataclass(frozen=True)
+class LambdaTierState:
+    """What a Lambda tier that sees its containers tells selection, besides the variants warm
+    and idle in some container (its ``WorkerState``: those are its Active instances; a variant
+    whose every container is busy is Overloaded there).
+
+    ``idle_by_memory``: idle containers per memory size (MB; a container serves one size, as a
+    Lambda function has one): a query there pays its variant's load at most, no process start.
+    ``cold_start_ms``: what starting a new container is expected to take before the variant's
+    load (the tier's measured mean)."""
+
+    idle_by_memory: Mapping[int, int]
+    default_memory_mb: int
+    cold_start_ms: float
+
+    def has_idle(self, variant: VariantProfile) -> bool:
+        """Whether a query for ``variant`` would find an idle container (no cold start)."""
+        return self.idle_by_memory.get(variant.memory_mb or self.default_memory_mb, 0) > 0
+
+
+# A deployment without a Lambda tier (a dispatcher given none): no container is ever idle and a
+# new one never starts, so a decision there is expected never to answer. Any instance on a worker
+# goes first, a queued one too (late); with nowhere else, the decision names the Lambda tier still,
+# and the dispatcher fails it with a clear 503.
+NO_LAMBDA_TIER = LambdaTierState(idle_by_memory={}, default_memory_mb=0, cold_start_ms=math.inf)
 
 
 class SelectionPolicy(Protocol):
@@ -22,8 +72,10 @@ class SelectionPolicy(Protocol):
         targets: QueryTargets,
         candidates: Sequence[VariantProfile],
         workers: Sequence[WorkerState],
+        lambda_tier: LambdaTierState | None = None,
     ) -> Decision:
-        """Choose a variant and where to run it, or raise TargetsUnreachableError."""
+        """Choose a variant and where to run it, or raise TargetsUnreachableError. ``lambda_tier``:
+        the Lambda tier's containers, when it can see them (else it is taken as warm)."""
 
     def warmup(
         self,
@@ -34,16 +86,155 @@ class SelectionPolicy(Protocol):
         """After a miss, the variant worth loading so that the next such query is served."""
 
 
-@dataclass(frozen=True)
-class _Placement:
+class Scored(NamedTuple):
+    """A candidate at one batch size: what the decision compares, computed once (a tuple:
+    thousands are built when an app's profiles change)."""
+
     variant: VariantProfile
-    worker: WorkerState
+    latency_ms: float  # profiled p99 at the batch size
+    cost: float  # cost per query at the batch size
+    cold_ms: float  # load + inference latency: what a new instance takes
+
+    @classmethod
+    def of(cls, variant: VariantProfile, batch: int) -> Scored:
+        latency = variant.latency_ms(batch)
+        return cls(variant, latency, variant.cost_per_query(batch), variant.load_latency_ms + latency)
+
+
+Keep = Callable[[VariantProfile], bool]
+
+
+class BatchTable:
+    """The candidates that can take a batch size: in the order of the inactive-variant key (load
+    + inference latency, cost, id), and looked up by variant id (for the live instances).
+
+    A subset's table shares its root's id lookup (a target's list then costs one list of
+    references, not a dict) and answers only for the variants its ``keep`` admits."""
+
+    __slots__ = ("_by_id", "_keep", "by_cold")
+
+    def __init__(
+        self, by_cold: list[Scored], by_id: dict[str, Scored] | None = None, keep: Keep | None = None
+    ):
+        self.by_cold = by_cold
+        self._by_id = by_id if by_id is not None else {s.variant.variant_id: s for s in by_cold}
+        self._keep = keep
+
+    @classmethod
+    def build(cls, variants: Iterable[VariantProfile], batch: int) -> BatchTable:
+        scored = [Scored.of(v, batch) for v in variants if v.max_batch >= batch]
+        # Stable: equal keys keep the candidates' order, as min() over them would.
+        scored.sort(key=lambda s: (s.cold_ms, s.cost, s.variant.variant_id))
+        return cls(scored)
+
+    def narrowed(self, keep: Keep) -> BatchTable:
+        """The table of the candidates ``keep`` admits (this table's must already admit them)."""
+        return BatchTable([s for s in self.by_cold if keep(s.variant)], self._by_id, keep)
+
+    def get(self, variant_id: str) -> Scored | None:
+        scored = self._by_id.get(variant_id)
+        if scored is None or (self._keep is not None and not self._keep(scored.variant)):
+            return None
+        return scored
+
+
+class Candidates(Sequence[VariantProfile]):
+    """An immutable candidate list with its per-batch tables, built lazily and kept.
+
+    ``subset`` derives a narrower list (a target's accuracy and model) whose tables are cut from
+    the root list's, already in order: a new target costs one pass, no sort, no profile lookups
+    and one list of references per batch size. Variant ids are unique (they are the store's keys)."""
+
+    __slots__ = ("_keep", "_root", "_tables", "_variants")
+
+    def __init__(self, variants: Iterable[VariantProfile]) -> None:
+        self._variants = tuple(variants)
+        self._tables: dict[int, BatchTable] = {}
+        self._root: Candidates | None = None  # set on subsets: the list they are cut from
+        self._keep: Keep | None = None  # on subsets: which of the root's variants they hold
+
+    def subset(self, min_accuracy: float, model_name: str | None = None) -> Candidates:
+        """The candidates with accuracy >= ``min_accuracy`` (of ``model_name`` when given)."""
+        outer = self._keep
+
+        def keep(v: VariantProfile) -> bool:
+            return (
+                v.accuracy >= min_accuracy
+                and (model_name is None or v.model_name == model_name)
+                and (outer is None or outer(v))
+            )
+
+        narrower = Candidates(v for v in self._variants if keep(v))
+        narrower._root = self._root or self
+        narrower._keep = keep
+        return narrower
+
+    def at_batch(self, batch: int) -> BatchTable:
+        table = self._tables.get(batch)
+        if table is None:
+            # Concurrent builders compute the same table; the last one kept is as good.
+            if self._root is not None and self._keep is not None:
+                table = self._root.at_batch(batch).narrowed(self._keep)
+            else:
+                table = BatchTable.build(self._variants, batch)
+            self._tables[batch] = table
+        return table
+
+    def __len__(self) -> int:
+        return len(self._variants)
+
+    @overload
+    def __getitem__(self, index: int) -> VariantProfile: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[VariantProfile]: ...
+
+    def __getitem__(self, index: int | slice) -> VariantProfile | Sequence[VariantProfile]:
+        return self._variants[index]
+
+    def __iter__(self) -> Iterator[VariantProfile]:
+        return iter(self._variants)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Candidates):
+            return self._variants == other._variants
+        if isinstance(other, list | tuple):
+            return list(self._variants) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Candidates({list(self._variants)!r})"
+
+
+def queue_wait_ms(variant: VariantProfile, queued: int, batch_limit: int) -> float:
+    """What a query sent to an instance of ``variant`` waits for the ``queued`` requests ahead of
+    it: ceil(queued / b) runs of the profiled median latency at b, b the rows the instance's
+    batcher takes per run (``InstanceStats.batch_limit``; 1 when it does not batch), within the
+    variant's profiled batch sizes (the median of the next profiled size up)."""
+    if queued <= 0:
+        return 0.0
+    batch = min(max(1, batch_limit), variant.max_batch)
+    return math.ceil(queued / batch) * variant.median_ms(batch)
+
+
+def as_candidates(candidates: Sequence[VariantProfile]) -> Candidates:
+    return candidates if isinstance(candidates, Candidates) else Candidates(candidates)
 
 
 class InfaasPolicy:
-    """Active instances first (cheapest, then least-loaded worker); else the inactive variant
-    with the lowest load + inference latency, on the least-utilised worker of its pool or, when
-    no worker has room, on the Lambda tier. Overloaded and Interfered instances are skipped."""
+    """Active instances first (cheapest, then least-loaded worker) whose profiled latency and the
+    wait for their queue meet the budget; else the inactive variant with the lowest load +
+    inference latency, on the least-utilised worker of its pool or, when no worker has room, on
+    the Lambda tier; else, late, the instance whose queue delays it least. Overloaded and
+    Interfered instances are skipped.
+
+    Given the Lambda tier's state, a cold start counts: in the expected latency of a decision
+    that needs one (ranking the inactive variants), and, for a query whose budget a cold start
+    would break, a warm Lambda container ranks after a worker's instance that meets the budget
+    (a concurrent query may take the idle container first, leaving this one a cold start; an
+    instance on a worker never starts cold)."""
 
     def __init__(self, pools: Mapping[str, PoolSpec]) -> None:
         self._pools = pools
@@ -53,66 +244,140 @@ class InfaasPolicy:
         targets: QueryTargets,
         candidates: Sequence[VariantProfile],
         workers: Sequence[WorkerState],
+        lambda_tier: LambdaTierState | None = None,
     ) -> Decision:
         budget = _budget(targets)
-        eligible = _eligible(targets, candidates)
-        eligible_ids = {v.variant_id: v for v in eligible}
+        table = as_candidates(candidates).at_batch(targets.batch)  # those that take the batch
+        min_accuracy, model_name = targets.min_accuracy, targets.model_name
 
-        # Active: variants with a healthy loaded instance whose profiled latency meets the budget.
-        active: list[_Placement] = []
+        # Active: variants with a healthy loaded instance whose profiled latency, after the wait
+        # for what is queued on it, meets the budget; the cheapest, then the faster, then the
+        # shorter queue, then the least-utilised worker (first found on a tie). A warm Lambda
+        # container goes after the workers' instances when a cold start (should another query
+        # take the container first) would break the budget. The quickest instance that meets the
+        # budget only when idle is kept aside: the answer, late, if nothing else can be.
+        best: Scored | None = None
+        best_worker: WorkerState | None = None
+        best_key: tuple[bool, float, float, int, float, str] | None = None
+        best_expected = 0.0
+        queued_out: tuple[float, str, Scored, WorkerState] | None = None
+        lookup = table.get
         for worker in workers:
+            on_lambda = self._is_lambda(worker.pool)
             for instance in worker.instances:
-                variant = eligible_ids.get(instance.variant_id)
+                if instance.state is not InstanceState.ACTIVE:
+                    continue
+                scored = lookup(instance.variant_id)
                 if (
-                    variant is not None
-                    and instance.state is InstanceState.ACTIVE
-                    and variant.latency_ms(targets.batch) <= budget
+                    scored is None
+                    or not scored.latency_ms <= budget
+                    or not scored.variant.accuracy >= min_accuracy
+                    or (model_name is not None and scored.variant.model_name != model_name)
                 ):
-                    active.append(_Placement(variant, worker))
-        if active:
-            best = min(
-                active,
-                key=lambda p: (
-                    p.variant.cost_per_query(targets.batch),
-                    p.variant.latency_ms(targets.batch),
-                    p.worker.utilisation,
-                    p.worker.worker_id,
-                ),
-            )
-            tier = Tier.LAMBDA if self._is_lambda(best.worker.pool) else Tier.WORKER
-            return Decision(
-                variant=best.variant,
-                tier=tier,
-                worker_id=best.worker.worker_id,
-                state=InstanceState.ACTIVE,
-                expected_latency_ms=best.variant.latency_ms(targets.batch),
-                worker_address=best.worker.address or None,
-                reason=(
-                    f"cheapest active variant meeting accuracy>={targets.min_accuracy:g} and "
-                    f"latency<={budget:g} ms; least-loaded worker running it"
-                ),
+                    continue
+                queued = instance.queue_length
+                expected = scored.latency_ms
+                if queued > 0:
+                    expected += queue_wait_ms(scored.variant, queued, instance.batch_limit)
+                    if not expected <= budget:
+                        late = (expected, worker.worker_id, scored, worker)
+                        if queued_out is None or late[:2] < queued_out[:2]:
+                            queued_out = late
+                        continue
+                cost = scored.cost
+                if on_lambda and not self._is_lambda(scored.variant.pool):
+                    # A worker variant spilled to the Lambda tier runs at Lambda's price there.
+                    cost = self._lambda_cost(scored.variant, targets.batch)
+                # Among equal instances, the shortest queue (the gateway lays its own queries in
+                # flight over the reports), then the least-utilised worker.
+                cold_risk = (
+                    on_lambda
+                    and lambda_tier is not None
+                    and budget < lambda_tier.cold_start_ms + scored.cold_ms
+                )
+                key = (cold_risk, cost, scored.latency_ms, queued, worker.utilisation, worker.worker_id)
+                if best_key is None or key < best_key:
+                    best, best_worker, best_key, best_expected = scored, worker, key, expected
+        if best is not None and best_worker is not None:
+            return self._active(
+                best,
+                best_worker,
+                best_expected,
+                f"cheapest active variant meeting accuracy>={min_accuracy:g} and "
+                f"latency<={budget:g} ms, queue included; least-loaded worker running it",
             )
 
         # Inactive (or only Overloaded/Interfered): a new instance must be loaded first, so the
-        # load latency counts against the budget.
-        inactive = [v for v in eligible if v.load_latency_ms + v.latency_ms(targets.batch) <= budget]
-        if inactive:
-            variant = min(
-                inactive,
-                key=lambda v: (
-                    v.load_latency_ms + v.latency_ms(targets.batch),
-                    v.cost_per_query(targets.batch),
-                    v.variant_id,
-                ),
+        # load latency counts against the budget. The table is in the order of the key
+        # (load + inference latency, cost, id): without cold starts to count, the first eligible
+        # one within budget is the min. A Lambda placement with no idle container adds the
+        # tier's cold start: the search goes on while a later variant could still be quicker
+        # (its load + inference under the best expected latency so far). A variant whose load +
+        # inference meets the budget is still served when only a cold start breaks it: the
+        # quickest of them, late (a cold start is a transient; refusing would not make it faster).
+        chosen: Decision | None = None
+        for scored in table.by_cold:
+            if not scored.cold_ms <= budget or (
+                chosen is not None and scored.cold_ms >= chosen.expected_latency_ms
+            ):
+                break
+            variant = scored.variant
+            if variant.accuracy >= min_accuracy and (model_name is None or variant.model_name == model_name):
+                placed = self._place(
+                    variant,
+                    workers,
+                    "no active variant meets the targets; "
+                    "inactive variant with the lowest load+inference latency",
+                    scored.cold_ms,
+                )
+                if placed is None:
+                    continue
+                if (
+                    placed.tier is Tier.LAMBDA
+                    and lambda_tier is not None
+                    and not lambda_tier.has_idle(variant)
+                ):
+                    expected = placed.expected_latency_ms + lambda_tier.cold_start_ms
+                    if chosen is not None and not expected < chosen.expected_latency_ms:
+                        continue
+                    placed = dataclasses.replace(
+                        placed,
+                        expected_latency_ms=expected,
+                        reason=f"{placed.reason}; no idle Lambda container: a cold start "
+                        f"(~{lambda_tier.cold_start_ms:.0f} ms) counted"
+                        if math.isfinite(lambda_tier.cold_start_ms)
+                        else f"{placed.reason}; but no Lambda tier is configured",
+                    )
+                if chosen is None or placed.expected_latency_ms < chosen.expected_latency_ms:
+                    chosen = placed
+        if queued_out is not None and (chosen is None or queued_out[0] < chosen.expected_latency_ms):
+            # Every instance that meets the targets is queued past the budget, and nothing else
+            # would answer sooner: the quickest of them, late (a queue is a transient: a refusal
+            # would name a variant that meets the targets once its queue has drained).
+            expected, _, scored, worker = queued_out
+            return self._active(
+                scored,
+                worker,
+                expected,
+                f"every active variant meeting accuracy>={min_accuracy:g} and latency<={budget:g} ms "
+                f"is queued past the budget and nothing else answers sooner: the quickest, late",
             )
-            return self._place(
-                variant,
-                targets,
-                workers,
-                "no active variant meets the targets; "
-                "inactive variant with the lowest load+inference latency",
-            )
+        if chosen is not None:
+            return chosen
         raise unreachable_error(targets, candidates)
+
+    def _active(self, scored: Scored, worker: WorkerState, expected: float, reason: str) -> Decision:
+        """The decision for a live instance of ``scored`` on ``worker``, expected in ``expected``
+        ms (its profiled latency and the wait for its queue)."""
+        return Decision(
+            variant=scored.variant,
+            tier=Tier.LAMBDA if self._is_lambda(worker.pool) else Tier.WORKER,
+            worker_id=worker.worker_id,
+            state=InstanceState.ACTIVE,
+            expected_latency_ms=expected,
+            worker_address=worker.address or None,
+            reason=reason,
+        )
 
     def warmup(
         self,
@@ -126,15 +391,28 @@ class InfaasPolicy:
         fits = [v for v in _eligible(targets, candidates) if v.latency_ms(targets.batch) <= budget]
         if not fits:
             return None
-        variant = min(fits, key=lambda v: (v.cost_per_query(targets.batch), v.load_latency_ms, v.variant_id))
-        return self._place(variant, targets, workers, "loaded ahead of the next query with these targets")
+        for variant in sorted(
+            fits, key=lambda v: (v.cost_per_query(targets.batch), v.load_latency_ms, v.variant_id)
+        ):
+            expected = variant.load_latency_ms + variant.latency_ms(targets.batch)
+            placed = self._place(
+                variant, workers, "loaded ahead of the next query with these targets", expected
+            )
+            if placed is not None:
+                return placed
+        return None
 
     def _place(
-        self, variant: VariantProfile, targets: QueryTargets, workers: Sequence[WorkerState], reason: str
-    ) -> Decision:
-        """Where a new instance of ``variant`` goes: the least-utilised worker of its pool with
-        room that does not already hold it, else the Lambda tier."""
-        expected = variant.load_latency_ms + variant.latency_ms(targets.batch)
+        self,
+        variant: VariantProfile,
+        workers: Sequence[WorkerState],
+        reason: str,
+        expected: float,
+    ) -> Decision | None:
+        """Where a new instance of ``variant`` goes (expected to take ``expected`` ms, load
+        included): the least-utilised worker of its pool with room that does not already hold
+        it, else the Lambda tier; None for an accelerator variant with no room (the Lambda tier
+        has no GPU or Inferentia: its profile would not hold there)."""
         if self._is_lambda(variant.pool):
             return Decision(variant, Tier.LAMBDA, None, InstanceState.INACTIVE, expected, reason)
         with_room = [
@@ -155,6 +433,9 @@ class InfaasPolicy:
                 reason,
                 worker.address,
             )
+        spec = self._pools.get(variant.pool)
+        if spec is not None and spec.device != "cpu":
+            return None
         return Decision(
             variant,
             Tier.LAMBDA,
@@ -163,6 +444,14 @@ class InfaasPolicy:
             expected,
             f"{reason}; no worker of pool {variant.pool!r} has room, spilled to the Lambda tier",
         )
+
+    def _lambda_cost(self, variant: VariantProfile, batch: int) -> float:
+        """What a query to ``variant`` costs on the Lambda tier (its smallest memory size)."""
+        spec = next((p for p in self._pools.values() if p.kind is PoolKind.LAMBDA), None)
+        if spec is None:
+            return variant.cost_per_query(batch)
+        per_second = spec.instance_price_per_second(1, min(spec.memory_options_mb, default=0))
+        return per_second * variant.latency_ms(batch) / 1000 + spec.request_price
 
     def _is_lambda(self, pool: str) -> bool:
         spec = self._pools.get(pool)

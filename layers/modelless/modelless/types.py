@@ -160,6 +160,8 @@ class InstanceStats:
     latency_p50_ms: float
     latency_p99_ms: float
     queue_length: int
+    utilisation: float = 0.0  # share of the window this instance spent running inference
+    batch_limit: int = 1  # rows its batcher takes per run now (AIMD within its budget cap); 1: none
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,17 @@ class WorkerState:
     free_slots: int  # how many more variant instances it can load
     reported_at: float
     instances: tuple[InstanceStats, ...] = ()
+    # Offline batch work (DESIGN §6) is recorded apart from online queries: its share of the
+    # worker's compute (already part of ``utilisation``), and the worst online instance's p99
+    # latency over its profile (queueing included: what offline work would make online queries
+    # wait). The offline throttle judges a worker on these two.
+    offline_utilisation: float = 0.0
+    online_latency_ratio: float = 0.0
+
+    @property
+    def online_utilisation(self) -> float:
+        """The share of the worker's compute that online queries use."""
+        return max(0.0, self.utilisation - self.offline_utilisation)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -209,3 +222,57 @@ class Decision:
     expected_latency_ms: float
     reason: str
     worker_address: str | None = None
+
+
+class JobStatus(StrEnum):
+    """An offline job's life: queued until a runner takes it, running (paused while online
+    traffic needs its worker), then completed, or failed (refused, or its variant vanished)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in {JobStatus.COMPLETED, JobStatus.FAILED}
+
+
+@dataclass
+class OfflineJob:
+    """An offline batch job over S3 objects (INFaaS ``offline_query``): what was asked, and the
+    runner's last word on it. Per-input progress (done markers, errors) is kept apart, in the
+    store's per-job sets, so that the runner never rewrites this record per item."""
+
+    job_id: str
+    app_id: str
+    input_path: str  # s3://bucket/prefix: every object whose key starts with the prefix
+    output_path: str  # s3://bucket/prefix: one result object per input, plus the summary
+    min_accuracy: float = 0.0
+    model_name: str | None = None
+    source: str = "api"  # "api", or the s3:// URL of the object whose event started the job
+    status: JobStatus = JobStatus.QUEUED
+    message: str = ""
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    total: int = 0  # inputs listed when the job first ran (0 until then)
+    done: int = 0  # as of the last record update; the store's done set is authoritative
+    errors: int = 0
+    variant_id: str | None = None  # pinned at the first run: every output comes from one variant
+    batch: int = 0  # input rows per inference run
+    paused: bool = False
+    pause_reason: str = ""
+    runs: int = 0  # how many times a runner took the job up (1 + resumes)
+    active_s: float = 0.0  # seconds spent running (paused time excluded), over all runs
+    heartbeat_at: float | None = None
+    summary_key: str | None = None  # s3:// URL of the summary object, once written
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> OfflineJob:
+        data = json.loads(raw)
+        data["status"] = JobStatus(data["status"])
+        return cls(**data)

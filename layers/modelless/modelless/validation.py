@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnx
-from google.protobuf.message import DecodeError
 
 from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError
 from modelless.types import ModelRecord
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-FLOAT_TYPES = {onnx.TensorProto.FLOAT: "float32"}
+FLOAT_TYPES = {1: "float32"}  # onnx.TensorProto.FLOAT (onnx is imported where a model is inspected)
 
 
 def check_name(kind: str, value: str) -> str:
@@ -43,6 +41,11 @@ class ModelSignature:
 
 def inspect_model(data: bytes, max_bytes: int) -> ModelSignature:
     """Parse and check an ONNX classifier: one float input [batch, ...], one output [batch, classes]."""
+    # Here, not at the top: only registration inspects models, and the functions that never do
+    # (the offline function, the Lambda tier) leave onnx out of their packages.
+    import onnx
+    from google.protobuf.message import DecodeError
+
     if len(data) > max_bytes:
         raise PayloadTooLargeError(
             f"model file is {len(data)} bytes; the limit is {max_bytes}", limit=max_bytes

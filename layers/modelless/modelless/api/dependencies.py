@@ -10,7 +10,9 @@ from modelless.api.services import Services
 from modelless.auth import app_for_key, check_admin
 
 
-def get_services(request: Request) -> Services:
+# The dependencies that only read the request are ``async``: FastAPI runs a plain ``def``
+# dependency in its thread pool, a hop per dependency on every query.
+async def get_services(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -18,7 +20,7 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-def presented_key(
+async def presented_key(
     authorization: Annotated[str | None, Header()] = None,
     x_api_key: Annotated[str | None, Header()] = None,
 ) -> str | None:

@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 class CreateApp(BaseModel):
     model_config = ConfigDict(extra="forbid")
     appID: str = Field(description="name of the application")
+    offlineBuckets: list[str] | None = Field(
+        default=None, description="S3 buckets its offline jobs may use (default: the deployment's)"
+    )
 
 
 class AppCreated(BaseModel):
@@ -63,3 +66,46 @@ class RegistrationReply(BaseModel):
     variantIds: list[str]
     pruned: int
     statusUrl: str
+
+
+class OfflineQuery(BaseModel):
+    """INFaaS ``offline_query(inputPath, outputPath, appID, accuracy)`` or ``(…, modelName)``."""
+
+    model_config = ConfigDict(extra="forbid")
+    appID: str
+    inputPath: str = Field(description="s3://bucket/prefix: every object under it is an input")
+    outputPath: str = Field(description="s3://bucket/prefix: results and the summary go here")
+    accuracy: float | None = Field(default=None, description="minimum accuracy in [0, 1]")
+    modelName: str | None = Field(default=None, description="name the model instead of an accuracy")
+
+
+class JobReply(BaseModel):
+    jobId: str
+    appID: str
+    status: str
+    done: int
+    total: int
+    errors: int
+    succeeded: int
+    throughput: float = Field(description="inputs per second since the job started, pauses included")
+    elapsedSeconds: float
+    activeSeconds: float = Field(description="seconds spent running, pauses excluded")
+    paused: bool
+    pauseReason: str
+    variant: str | None
+    inputPath: str
+    outputPath: str
+    summaryPath: str | None
+    message: str
+    source: str
+    runs: int
+    createdAt: float
+    startedAt: float | None
+    finishedAt: float | None
+    errorSamples: list[dict[str, str]] = Field(description="some failed inputs and why")
+    statusUrl: str
+
+
+class OfflineBuckets(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    buckets: list[str] = Field(description="S3 buckets the app's offline jobs may read and write")

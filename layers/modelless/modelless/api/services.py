@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from modelless.config import Settings
 from modelless.dispatcher import Dispatcher
 from modelless.metadata import MetadataStore, open_metadata_store
+from modelless.offline.service import OfflineService
 from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.pools.invokers import AwsLambdaInvoker, HttpWorkerInvoker, LambdaInvoker
-from modelless.registration import RegistrationService
+from modelless.registration import LambdaRegistrationLauncher, RegistrationService
 from modelless.repository import ModelRepository, open_repository
 from modelless.selection import InfaasPolicy
 from modelless.types import WorkerState
@@ -24,8 +25,11 @@ class Services:
     dispatcher: Dispatcher
     registrar: RegistrationService
     pools: Mapping[str, PoolSpec]
+    offline: OfflineService | None = None  # offline jobs (DESIGN §6)
 
     def close(self) -> None:
+        if self.offline is not None:
+            self.offline.close()
         self.registrar.close()
         self.store.close()
 
@@ -50,5 +54,11 @@ def build_services(
         cache_ttl_s=settings.profile_cache_ttl_s,
         extra_workers=extra_workers,
     )
-    registrar = RegistrationService(store, repository, settings, pools)
-    return Services(settings, store, repository, dispatcher, registrar, pools)
+    # In AWS the registrar function generates and profiles variants; else a thread of this process.
+    launcher = (
+        LambdaRegistrationLauncher(settings.registrar_function) if settings.registrar_function else None
+    )
+    registrar = RegistrationService(store, repository, settings, pools, launcher)
+    # Offline jobs see the workers as selection does (this dispatcher's recent loads included).
+    offline = OfflineService.from_settings(settings, store, pools, dispatcher.live_workers)
+    return Services(settings, store, repository, dispatcher, registrar, pools, offline)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Protocol
 
-from modelless.types import ModelRecord, Registration, VariantProfile, WorkerState
+from modelless.types import ModelRecord, OfflineJob, Registration, VariantProfile, WorkerState
 
 # A worker whose last report is older than this is treated as gone: selection never routes to it.
 WORKER_STALE_AFTER_S = 10.0
@@ -12,7 +13,92 @@ WORKER_STALE_AFTER_S = 10.0
 LOAD_RETENTION_S = 120
 
 
-class MetadataStore(Protocol):
+class JobSave(StrEnum):
+    """What became of a runner's write of its job's record (``OfflineJobStore.save_job``)."""
+
+    SAVED = "saved"
+    NOT_HOLDER = "not-holder"  # the runner's lease expired (another runner may hold the job now)
+    NEW_INPUTS = "new-inputs"  # "completed", but inputs were added since (a watch's job): not written
+
+
+class OfflineJobStore(Protocol):
+    """Offline jobs (DESIGN §6): their records, per-input done markers and the runner's lease.
+
+    Exactly-once rests on three things kept here: the input list fixed when a job first runs,
+    a done marker per input set only once (``mark_items`` counts only markers it set), and a
+    lease with a TTL so that one runner works a job at a time and a crashed one's job is free
+    again once its lease expires."""
+
+    def set_offline_buckets(self, app_id: str, buckets: list[str]) -> None: ...
+
+    def offline_buckets(self, app_id: str) -> list[str] | None:
+        """The app's allowed buckets; None when never set (the deployment's default applies)."""
+
+    def create_job(self, job: OfflineJob) -> bool:
+        """Store a new job; False (and nothing written) when a job with its id exists."""
+
+    def put_job(self, job: OfflineJob) -> None:
+        """Replace the job's record; a finished job leaves the unfinished set. For writers that
+        hold no lease (tests, refusals); a runner writes with ``save_job``."""
+
+    def save_job(self, job: OfflineJob, owner: str) -> JobSave:
+        """A runner's write of its job's record, done only while ``owner`` holds the job's lease,
+        atomically with that check: a runner whose lease expired (its job perhaps taken, even
+        completed, by another) never writes its stale view over the record. A record that says
+        completed is written only when every recorded input is marked done (a watch's job may
+        have gained inputs since the runner looked). Nothing is written unless SAVED."""
+
+    def add_job_items(self, job_id: str, keys: list[str], reopen_message: str) -> int:
+        """Append the inputs not yet among the job's (a watch's standing job grows one input per
+        new object), atomically; returns how many were new. A completed job that gains inputs is
+        queued again (status queued, ``reopen_message``). A runner completing the job meanwhile
+        never hides them: ``save_job`` refuses "completed" while an input is not done."""
+
+    def job_item_count(self, job_id: str) -> int:
+        """How many inputs the job has recorded."""
+
+    def get_job(self, job_id: str) -> OfflineJob | None: ...
+
+    def list_jobs(self, app_id: str) -> list[OfflineJob]:
+        """The app's jobs, newest first."""
+
+    def unfinished_jobs(self) -> list[str]:
+        """Ids of every job neither completed nor failed."""
+
+    def fix_job_items(self, job_id: str, keys: list[str]) -> list[str]:
+        """Record the job's inputs unless already recorded; return the recorded list either way
+        (a resumed job keeps the list it started with)."""
+
+    def job_items(self, job_id: str) -> list[str]: ...
+
+    def mark_items(self, job_id: str, outcomes: dict[str, tuple[str, str]]) -> int:
+        """Mark inputs done, each with (output key, error message) — one of them empty. An input
+        already marked keeps its first outcome. Returns how many were newly marked."""
+
+    def done_items(self, job_id: str) -> set[str]: ...
+
+    def job_progress(self, job_id: str) -> tuple[int, int]:
+        """(inputs done, of which failed)."""
+
+    def job_errors(self, job_id: str, limit: int) -> dict[str, str]:
+        """Up to ``limit`` failed inputs and why, in input-key order."""
+
+    def acquire_job_lease(self, job_id: str, owner: str, ttl_s: float) -> bool:
+        """Take the job's lease if nobody holds it (or the holder's expired)."""
+
+    def renew_job_lease(self, job_id: str, owner: str, ttl_s: float) -> bool:
+        """Extend the lease if ``owner`` still holds it; False when it was lost."""
+
+    def release_job_lease(self, job_id: str, owner: str) -> None:
+        """Drop the lease if ``owner`` holds it."""
+
+    def job_lease_holder(self, job_id: str) -> str | None: ...
+
+    def expire_job_progress(self, job_id: str, after_s: float) -> None:
+        """Let a finished job's per-input sets go after ``after_s`` (its record says the totals)."""
+
+
+class MetadataStore(OfflineJobStore, Protocol):
     # --- apps and their API keys (only a hash of each key is kept) -----------------------------
     def create_app(self, app_id: str, key_hash: str) -> None:
         """Create an app; raises ConflictError if it exists."""
@@ -70,6 +156,16 @@ class MetadataStore(Protocol):
     def selection_state(self, app_id: str) -> tuple[int, list[WorkerState]]:
         """What a selection reads on its critical path, in one round trip: the app's profiles
         version (to revalidate the gateway's profile cache) and the live workers."""
+
+    # --- the scaler's lease: one scheduled invocation ticks at a time ---------------------------
+    def acquire_scaler_lease(self, owner: str, ttl_s: float) -> bool:
+        """Take the lease for ``ttl_s`` if nobody holds it (or the holder's expired), or extend
+        it if ``owner`` holds it; False while another owner holds it."""
+
+    def release_scaler_lease(self, owner: str) -> None:
+        """Drop the lease if ``owner`` holds it."""
+
+    def scaler_lease_holder(self) -> str | None: ...
 
     def close(self) -> None: ...
 

@@ -49,5 +49,50 @@ class KeySpace:
         """Hash: worker id -> its last state report (JSON)."""
         return f"{self.prefix}workers"
 
+    def scaler_lease(self) -> str:
+        """String with a TTL: the scheduled scaler invocation that ticks now (one at a time)."""
+        return f"{self.prefix}scaler-lease"
+
+    # --- offline jobs (DESIGN §6) ---------------------------------------------------------------
+    def offline_buckets(self, app_id: str) -> str:
+        """JSON list: the S3 buckets the app's offline jobs may read and write."""
+        return f"{self.prefix}offline-buckets:{app_id}"
+
+    def job(self, job_id: str) -> str:
+        """String: the job's record (JSON)."""
+        return f"{self.prefix}job:{job_id}"
+
+    def app_jobs(self, app_id: str) -> str:
+        """Sorted set: the app's job ids scored by creation time."""
+        return f"{self.prefix}jobs:{app_id}"
+
+    def unfinished_jobs(self) -> str:
+        """Set: ids of jobs not completed or failed (what a restart resumes)."""
+        return f"{self.prefix}jobs-unfinished"
+
+    def job_items(self, job_id: str) -> str:
+        """List: the input keys of the job, fixed when it first ran."""
+        return f"{self.prefix}job-items:{job_id}"
+
+    def job_item_set(self, job_id: str) -> str:
+        """Set: the same input keys, for membership (a watch's job adds inputs one event at a time)."""
+        return f"{self.prefix}job-item-set:{job_id}"
+
+    def job_done(self, job_id: str) -> str:
+        """Hash: input key -> its output key ('' for an input that failed): the done markers."""
+        return f"{self.prefix}job-done:{job_id}"
+
+    def job_errors(self, job_id: str) -> str:
+        """Hash: input key -> why it failed (decode error, wrong shape)."""
+        return f"{self.prefix}job-errors:{job_id}"
+
+    def job_lease(self, job_id: str) -> str:
+        """String with a TTL: the id of the runner that holds the job."""
+        return f"{self.prefix}job-lease:{job_id}"
+
+    def idempotency(self, name: str) -> str:
+        """Prefix of Powertools' idempotency records for one handler."""
+        return f"{self.prefix}idempotency:{name}"
+
     def pattern(self) -> str:
         return f"{self.prefix}*"

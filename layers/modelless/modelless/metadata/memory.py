@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from modelless.exceptions import ConflictError
-from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S
-from modelless.types import ModelRecord, Registration, VariantProfile, WorkerState
+from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S, JobSave
+from modelless.types import JobStatus, ModelRecord, OfflineJob, Registration, VariantProfile, WorkerState
 
 
 class InMemoryMetadataStore:
-    def __init__(self) -> None:
+    def __init__(self, lease_clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._lease_clock = lease_clock  # leases (offline jobs', the scaler's) expire on it
         self._apps: dict[str, str] = {}
         self._keys: dict[str, str] = {}
         self._models: dict[tuple[str, str], ModelRecord] = {}
@@ -21,6 +23,14 @@ class InMemoryMetadataStore:
         self._workers: dict[str, WorkerState] = {}
         self._versions: dict[str, int] = {}
         self._load: dict[int, dict[str, int]] = {}
+        # Offline jobs: records (as JSON, never shared), inputs, done markers, errors, leases.
+        self._offline_buckets: dict[str, list[str]] = {}
+        self._jobs: dict[str, str] = {}
+        self._job_items: dict[str, list[str]] = {}
+        self._job_done: dict[str, dict[str, str]] = {}
+        self._job_errors: dict[str, dict[str, str]] = {}
+        self._leases: dict[str, tuple[str, float]] = {}  # job -> (owner, expiry on the lease clock)
+        self._scaler_lease: dict[str, tuple[str, float]] = {}  # the scaler's lease, as a job's
 
     def create_app(self, app_id: str, key_hash: str) -> None:
         with self._lock:
@@ -132,6 +142,151 @@ class InMemoryMetadataStore:
             if w.reported_at >= fresh_after and (pool is None or w.pool == pool)
         ]
         return sorted(live, key=lambda w: (w.utilisation, w.worker_id))
+
+    # --- offline jobs ---------------------------------------------------------------------------
+    def set_offline_buckets(self, app_id: str, buckets: list[str]) -> None:
+        with self._lock:
+            self._offline_buckets[app_id] = sorted(set(buckets))
+
+    def offline_buckets(self, app_id: str) -> list[str] | None:
+        found = self._offline_buckets.get(app_id)
+        return list(found) if found is not None else None
+
+    def create_job(self, job: OfflineJob) -> bool:
+        with self._lock:
+            if job.job_id in self._jobs:
+                return False
+            self._jobs[job.job_id] = job.to_json()
+            return True
+
+    def put_job(self, job: OfflineJob) -> None:
+        with self._lock:
+            self._jobs[job.job_id] = job.to_json()
+
+    def save_job(self, job: OfflineJob, owner: str) -> JobSave:
+        now = self._lease_clock()
+        with self._lock:
+            held = self._leases.get(job.job_id)
+            if held is None or held[0] != owner or held[1] <= now:
+                return JobSave.NOT_HOLDER
+            if job.status is JobStatus.COMPLETED and len(self._job_done.get(job.job_id, {})) < len(
+                self._job_items.get(job.job_id, [])
+            ):
+                return JobSave.NEW_INPUTS
+            self._jobs[job.job_id] = job.to_json()
+            return JobSave.SAVED
+
+    def add_job_items(self, job_id: str, keys: list[str], reopen_message: str) -> int:
+        with self._lock:
+            items = self._job_items.setdefault(job_id, [])
+            known = set(items)
+            new = [k for k in dict.fromkeys(keys) if k not in known]
+            items.extend(new)
+            raw = self._jobs.get(job_id)
+            if new and raw is not None:
+                job = OfflineJob.from_json(raw)
+                if job.status is JobStatus.COMPLETED:
+                    job.status, job.finished_at, job.message = JobStatus.QUEUED, None, reopen_message
+                    self._jobs[job_id] = job.to_json()
+            return len(new)
+
+    def job_item_count(self, job_id: str) -> int:
+        return len(self._job_items.get(job_id, []))
+
+    def get_job(self, job_id: str) -> OfflineJob | None:
+        raw = self._jobs.get(job_id)
+        return OfflineJob.from_json(raw) if raw is not None else None
+
+    def list_jobs(self, app_id: str) -> list[OfflineJob]:
+        jobs = [OfflineJob.from_json(raw) for raw in list(self._jobs.values())]
+        return sorted((j for j in jobs if j.app_id == app_id), key=lambda j: (-j.created_at, j.job_id))
+
+    def unfinished_jobs(self) -> list[str]:
+        jobs = [OfflineJob.from_json(raw) for raw in list(self._jobs.values())]
+        return sorted(j.job_id for j in jobs if not j.status.finished)
+
+    def fix_job_items(self, job_id: str, keys: list[str]) -> list[str]:
+        with self._lock:
+            return list(self._job_items.setdefault(job_id, list(keys)))
+
+    def job_items(self, job_id: str) -> list[str]:
+        return list(self._job_items.get(job_id, []))
+
+    def mark_items(self, job_id: str, outcomes: dict[str, tuple[str, str]]) -> int:
+        added = 0
+        with self._lock:
+            done = self._job_done.setdefault(job_id, {})
+            errors = self._job_errors.setdefault(job_id, {})
+            for item, (output_key, error) in outcomes.items():
+                if item in done:
+                    continue
+                done[item] = output_key
+                if error:
+                    errors[item] = error
+                added += 1
+        return added
+
+    def done_items(self, job_id: str) -> set[str]:
+        return set(self._job_done.get(job_id, {}))
+
+    def job_progress(self, job_id: str) -> tuple[int, int]:
+        return len(self._job_done.get(job_id, {})), len(self._job_errors.get(job_id, {}))
+
+    def job_errors(self, job_id: str, limit: int) -> dict[str, str]:
+        errors = self._job_errors.get(job_id, {})
+        return {key: errors[key] for key in sorted(errors)[:limit]}
+
+    def acquire_job_lease(self, job_id: str, owner: str, ttl_s: float) -> bool:
+        return self._acquire_lease(self._leases, job_id, owner, ttl_s)
+
+    def _acquire_lease(
+        self, leases: dict[str, tuple[str, float]], name: str, owner: str, ttl_s: float
+    ) -> bool:
+        now = self._lease_clock()
+        with self._lock:
+            held = leases.get(name)
+            if held is not None and held[1] > now and held[0] != owner:
+                return False
+            leases[name] = (owner, now + ttl_s)
+            return True
+
+    def renew_job_lease(self, job_id: str, owner: str, ttl_s: float) -> bool:
+        now = self._lease_clock()
+        with self._lock:
+            held = self._leases.get(job_id)
+            if held is None or held[0] != owner or held[1] <= now:
+                return False
+            self._leases[job_id] = (owner, now + ttl_s)
+            return True
+
+    def release_job_lease(self, job_id: str, owner: str) -> None:
+        self._release_lease(self._leases, job_id, owner)
+
+    def _release_lease(self, leases: dict[str, tuple[str, float]], name: str, owner: str) -> None:
+        with self._lock:
+            held = leases.get(name)
+            if held is not None and held[0] == owner:
+                del leases[name]
+
+    def job_lease_holder(self, job_id: str) -> str | None:
+        return self._lease_holder(self._leases, job_id)
+
+    def _lease_holder(self, leases: dict[str, tuple[str, float]], name: str) -> str | None:
+        held = leases.get(name)
+        return held[0] if held is not None and held[1] > self._lease_clock() else None
+
+    def acquire_scaler_lease(self, owner: str, ttl_s: float) -> bool:
+        return self._acquire_lease(self._scaler_lease, "scaler", owner, ttl_s)
+
+    def release_scaler_lease(self, owner: str) -> None:
+        self._release_lease(self._scaler_lease, "scaler", owner)
+
+    def scaler_lease_holder(self) -> str | None:
+        return self._lease_holder(self._scaler_lease, "scaler")
+
+    def expire_job_progress(self, job_id: str, after_s: float) -> None:
+        # Nothing outlives the process here; the sets stay for as long as it runs.
+        pass
 
     def close(self) -> None:
         pass

@@ -5,21 +5,30 @@ Multi-key writes go through MULTI/EXEC pipelines so that a reader never sees hal
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 
 from modelless.exceptions import ConflictError
-from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S
+from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S, JobSave
 from modelless.metadata.keys import KeySpace
-from modelless.types import ModelRecord, Registration, VariantProfile, WorkerState
+from modelless.types import JobStatus, ModelRecord, OfflineJob, Registration, VariantProfile, WorkerState
 
 
 class RedisMetadataStore:
     def __init__(self, client: redis.Redis, keys: KeySpace | None = None) -> None:  # type: ignore[type-arg]
         self._redis = client
         self.keys = keys or KeySpace()
+        # Parsed records by the bytes they were parsed from, so that bytes read again unchanged
+        # are not parsed again: the workers' reports as last read (workers report every second,
+        # selection reads more often), and each app's profiles as last listed whole (a gateway
+        # re-reads them all when one model is published, or when its cache TTL passes). The
+        # records are immutable and shared, as the in-memory store shares its own.
+        self._parsed_workers: dict[bytes, WorkerState] = {}
+        self._parsed_variants: dict[str, dict[bytes, VariantProfile]] = {}
 
     @classmethod
     def from_url(cls, url: str) -> RedisMetadataStore:
@@ -109,10 +118,11 @@ class RedisMetadataStore:
     def list_variants(self, app_id: str, model_name: str | None = None) -> list[VariantProfile]:
         if model_name is None:
             raws = self._redis.hvals(self.keys.variants(app_id))
+            profiles = self._parse_variants(app_id, raws, remember=True)
         else:
             ids = self._redis.zrange(self.keys.accuracy_index(app_id, model_name), 0, -1)
             raws = self._redis.hmget(self.keys.variants(app_id), ids) if ids else []
-        profiles = [VariantProfile.from_json(raw) for raw in raws if raw is not None]
+            profiles = self._parse_variants(app_id, raws)
         return sorted(profiles, key=lambda v: v.variant_id)
 
     def candidate_variants(
@@ -122,8 +132,18 @@ class RedisMetadataStore:
         ids = self._redis.zrangebyscore(index, min_accuracy, "+inf")
         if not ids:
             return []
-        raws = self._redis.hmget(self.keys.variants(app_id), ids)
-        return [VariantProfile.from_json(raw) for raw in raws if raw is not None]
+        return self._parse_variants(app_id, self._redis.hmget(self.keys.variants(app_id), ids))
+
+    def _parse_variants(
+        self, app_id: str, raws: list[bytes | None], remember: bool = False
+    ) -> list[VariantProfile]:
+        """Profiles parsed, or reused where the same bytes were parsed by the app's last whole
+        listing; ``remember`` (a whole listing): these become the app's remembered ones."""
+        known = self._parsed_variants.get(app_id, {})
+        parsed = {raw: known.get(raw) or VariantProfile.from_json(raw) for raw in raws if raw is not None}
+        if remember:
+            self._parsed_variants[app_id] = parsed
+        return list(parsed.values())
 
     # --- live worker state ----------------------------------------------------------------------
     def put_worker_state(self, state: WorkerState) -> None:
@@ -157,7 +177,7 @@ class RedisMetadataStore:
         return {group: total / window_s for group, total in totals.items()}
 
     def list_workers(self, pool: str | None = None) -> list[WorkerState]:
-        return _live(self._redis.hvals(self.keys.workers()), pool)
+        return _live(self._parse_workers(self._redis.hvals(self.keys.workers())), pool)
 
     def profiles_version(self, app_id: str) -> int:
         raw = self._redis.get(self.keys.profiles_version(app_id))
@@ -168,7 +188,15 @@ class RedisMetadataStore:
             pipe.get(self.keys.profiles_version(app_id))
             pipe.hvals(self.keys.workers())
             version, raws = pipe.execute()
-        return (int(version) if version is not None else 0), _live(raws, None)
+        return (int(version) if version is not None else 0), _live(self._parse_workers(raws), None)
+
+    def _parse_workers(self, raws: list[bytes]) -> list[WorkerState]:
+        """The reports parsed, reusing the last read's objects for the bytes that did not change
+        (a WorkerState is immutable, so callers may share it)."""
+        previous = self._parsed_workers
+        parsed = {raw: previous.get(raw) or WorkerState.from_json(raw) for raw in raws}
+        self._parsed_workers = parsed  # only the current reports are kept
+        return list(parsed.values())
 
     def flush_namespace(self) -> None:
         """Delete every key under this store's prefix (tests and `modelless reset`)."""
@@ -179,9 +207,251 @@ class RedisMetadataStore:
     def close(self) -> None:
         self._redis.close()
 
+    # ============================================================================================
+    # Offline jobs (DESIGN §6). A separate block, owned by the offline-jobs work: records, the
+    # fixed input list, done markers set once (a Lua script counts only new markers), and the
+    # runner's lease (compare-and-set scripts, so that a runner never renews or drops a lease
+    # another runner took after its own expired).
+    # ============================================================================================
+    def set_offline_buckets(self, app_id: str, buckets: list[str]) -> None:
+        self._redis.set(self.keys.offline_buckets(app_id), json.dumps(sorted(set(buckets))))
 
-def _live(raws: list[bytes], pool: str | None) -> list[WorkerState]:
+    def offline_buckets(self, app_id: str) -> list[str] | None:
+        raw = self._redis.get(self.keys.offline_buckets(app_id))
+        return [str(b) for b in json.loads(raw)] if raw is not None else None
+
+    def create_job(self, job: OfflineJob) -> bool:
+        if not self._redis.set(self.keys.job(job.job_id), job.to_json(), nx=True):
+            return False
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(self.keys.app_jobs(job.app_id), {job.job_id: job.created_at})
+            if not job.status.finished:
+                pipe.sadd(self.keys.unfinished_jobs(), job.job_id)
+            pipe.execute()
+        return True
+
+    def put_job(self, job: OfflineJob) -> None:
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.job(job.job_id), job.to_json())
+            pipe.zadd(self.keys.app_jobs(job.app_id), {job.job_id: job.created_at})
+            if job.status.finished:
+                pipe.srem(self.keys.unfinished_jobs(), job.job_id)
+            else:
+                pipe.sadd(self.keys.unfinished_jobs(), job.job_id)
+            pipe.execute()
+
+    def save_job(self, job: OfflineJob, owner: str) -> JobSave:
+        keys = [
+            self.keys.job_lease(job.job_id),
+            self.keys.job(job.job_id),
+            self.keys.app_jobs(job.app_id),
+            self.keys.unfinished_jobs(),
+            self.keys.job_items(job.job_id),
+            self.keys.job_done(job.job_id),
+        ]
+        args = [
+            owner,
+            job.to_json(),
+            job.job_id,
+            repr(job.created_at),
+            "1" if job.status.finished else "0",
+            "1" if job.status is JobStatus.COMPLETED else "0",
+        ]
+        saved = int(self._redis.eval(_SAVE_JOB, len(keys), *keys, *args))  # type: ignore[no-untyped-call]
+        return {1: JobSave.SAVED, 0: JobSave.NOT_HOLDER}.get(saved, JobSave.NEW_INPUTS)
+
+    def add_job_items(self, job_id: str, keys: list[str], reopen_message: str) -> int:
+        if not keys:
+            return 0
+        added = int(
+            self._redis.eval(  # type: ignore[no-untyped-call]
+                _ADD_ITEMS, 2, self.keys.job_items(job_id), self.keys.job_item_set(job_id), *keys
+            )
+        )
+        if added:
+            self._reopen_job(job_id, reopen_message)
+        return added
+
+    def _reopen_job(self, job_id: str, message: str) -> None:
+        """A completed job that gained inputs: queued again. Optimistic (WATCH): a runner's
+        ``save_job`` landing in between makes it read the record again."""
+        key = self.keys.job(job_id)
+        with self._redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    job = OfflineJob.from_json(raw) if isinstance(raw, bytes) else None
+                    if job is None or job.status is not JobStatus.COMPLETED:
+                        pipe.unwatch()
+                        return
+                    job.status, job.finished_at, job.message = JobStatus.QUEUED, None, message
+                    pipe.multi()
+                    pipe.set(key, job.to_json())
+                    pipe.sadd(self.keys.unfinished_jobs(), job_id)
+                    pipe.execute()
+                    return
+                except redis.WatchError:
+                    continue
+
+    def job_item_count(self, job_id: str) -> int:
+        return int(self._redis.llen(self.keys.job_items(job_id)))
+
+    def get_job(self, job_id: str) -> OfflineJob | None:
+        raw = self._redis.get(self.keys.job(job_id))
+        return OfflineJob.from_json(raw) if isinstance(raw, bytes) else None
+
+    def list_jobs(self, app_id: str) -> list[OfflineJob]:
+        ids = self._redis.zrevrange(self.keys.app_jobs(app_id), 0, -1)
+        if not ids:
+            return []
+        raws = self._redis.mget([self.keys.job(i.decode()) for i in ids])
+        return [OfflineJob.from_json(raw) for raw in raws if raw is not None]
+
+    def unfinished_jobs(self) -> list[str]:
+        return sorted(i.decode() for i in self._redis.smembers(self.keys.unfinished_jobs()))
+
+    def fix_job_items(self, job_id: str, keys: list[str]) -> list[str]:
+        final = self.keys.job_items(job_id)
+        if keys and not self._redis.exists(final):
+            # Written whole under a temporary name, then renamed only if no list exists yet: a
+            # reader never sees half a list, and of two racing runners the first list wins.
+            staging = f"{final}:staging:{uuid.uuid4().hex}"
+            with self._redis.pipeline(transaction=True) as pipe:
+                for start in range(0, len(keys), 1000):
+                    pipe.rpush(staging, *keys[start : start + 1000])
+                pipe.execute()
+            try:
+                self._redis.renamenx(staging, final)  # type: ignore[no-untyped-call]
+            finally:
+                self._redis.delete(staging)
+        return self.job_items(job_id)
+
+    def job_items(self, job_id: str) -> list[str]:
+        return [k.decode() for k in self._redis.lrange(self.keys.job_items(job_id), 0, -1)]
+
+    def mark_items(self, job_id: str, outcomes: dict[str, tuple[str, str]]) -> int:
+        if not outcomes:
+            return 0
+        args: list[str] = []
+        for item, (output_key, error) in outcomes.items():
+            args += [item, output_key, error]
+        added = self._redis.eval(  # type: ignore[no-untyped-call]
+            _MARK_ITEMS, 2, self.keys.job_done(job_id), self.keys.job_errors(job_id), *args
+        )
+        return int(added)
+
+    def done_items(self, job_id: str) -> set[str]:
+        return {k.decode() for k in self._redis.hkeys(self.keys.job_done(job_id))}
+
+    def job_progress(self, job_id: str) -> tuple[int, int]:
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hlen(self.keys.job_done(job_id))
+            pipe.hlen(self.keys.job_errors(job_id))
+            done, errors = pipe.execute()
+        return int(done), int(errors)
+
+    def job_errors(self, job_id: str, limit: int) -> dict[str, str]:
+        errors = {
+            k.decode(): v.decode() for k, v in self._redis.hgetall(self.keys.job_errors(job_id)).items()
+        }
+        return {key: errors[key] for key in sorted(errors)[:limit]}
+
+    def acquire_job_lease(self, job_id: str, owner: str, ttl_s: float) -> bool:
+        lease = self.keys.job_lease(job_id)
+        return bool(self._redis.eval(_ACQUIRE_LEASE, 1, lease, owner, _ms(ttl_s)))  # type: ignore[no-untyped-call]
+
+    def renew_job_lease(self, job_id: str, owner: str, ttl_s: float) -> bool:
+        lease = self.keys.job_lease(job_id)
+        return bool(self._redis.eval(_RENEW_LEASE, 1, lease, owner, _ms(ttl_s)))  # type: ignore[no-untyped-call]
+
+    def release_job_lease(self, job_id: str, owner: str) -> None:
+        self._redis.eval(_RELEASE_LEASE, 1, self.keys.job_lease(job_id), owner)  # type: ignore[no-untyped-call]
+
+    def job_lease_holder(self, job_id: str) -> str | None:
+        raw = self._redis.get(self.keys.job_lease(job_id))
+        return raw.decode() if isinstance(raw, bytes) else None
+
+    # --- the scaler's lease: the job leases' scripts (SET NX PX; extend and drop by the holder) --
+    def acquire_scaler_lease(self, owner: str, ttl_s: float) -> bool:
+        lease = self.keys.scaler_lease()
+        return bool(self._redis.eval(_ACQUIRE_LEASE, 1, lease, owner, _ms(ttl_s)))  # type: ignore[no-untyped-call]
+
+    def release_scaler_lease(self, owner: str) -> None:
+        self._redis.eval(_RELEASE_LEASE, 1, self.keys.scaler_lease(), owner)  # type: ignore[no-untyped-call]
+
+    def scaler_lease_holder(self) -> str | None:
+        raw = self._redis.get(self.keys.scaler_lease())
+        return raw.decode() if isinstance(raw, bytes) else None
+
+    def expire_job_progress(self, job_id: str, after_s: float) -> None:
+        seconds = max(1, int(after_s))
+        with self._redis.pipeline(transaction=True) as pipe:
+            for key in (
+                self.keys.job_items(job_id),
+                self.keys.job_item_set(job_id),
+                self.keys.job_done(job_id),
+                self.keys.job_errors(job_id),
+            ):
+                pipe.expire(key, seconds)
+            pipe.execute()
+
+
+# KEYS: done hash, errors hash; ARGV: (input key, output key, error) triples. A marker is set only
+# once; only newly set ones are counted, and only their errors recorded.
+_MARK_ITEMS = """
+local added = 0
+for i = 1, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    added = added + 1
+    if ARGV[i + 2] ~= '' then redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2]) end
+  end
+end
+return added
+"""
+# KEYS: lease, job record, app's jobs, unfinished set, inputs list, done hash; ARGV: owner, record,
+# job id, created at, finished (1/0), completed (1/0). The record is written only while the owner
+# holds the lease (1); else 0. A completed record only with every recorded input done; else -1.
+_SAVE_JOB = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[6] == '1' and redis.call('HLEN', KEYS[6]) < redis.call('LLEN', KEYS[5]) then return -1 end
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
+if ARGV[5] == '1' then redis.call('SREM', KEYS[4], ARGV[3]) else redis.call('SADD', KEYS[4], ARGV[3]) end
+return 1
+"""
+# KEYS: inputs list, inputs set; ARGV: input keys. Appends the ones not yet there; returns how many.
+_ADD_ITEMS = """
+local added = 0
+for i = 1, #ARGV do
+  if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
+    redis.call('RPUSH', KEYS[1], ARGV[i])
+    added = added + 1
+  end
+end
+return added
+"""
+# KEYS: the lease; ARGV: owner, ttl (ms). Taken when free; extended when the caller holds it.
+_ACQUIRE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+_RENEW_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _live(states: list[WorkerState], pool: str | None) -> list[WorkerState]:
     fresh_after = time.time() - WORKER_STALE_AFTER_S
-    states = [WorkerState.from_json(raw) for raw in raws]
     live = [s for s in states if s.reported_at >= fresh_after and (pool is None or s.pool == pool)]
     return sorted(live, key=lambda w: (w.utilisation, w.worker_id))

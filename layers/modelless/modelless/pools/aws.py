@@ -1,9 +1,21 @@
-"""Pool provider for AWS: one EC2 Auto Scaling group per pool.
+"""Pool provider for AWS: one EC2 Auto Scaling group per pool, its instances' workers reached over
+the VPC at the addresses they advertise in the metadata store.
 
-Scaling sets the group's desired capacity (clamped to its min/max, which the template owns);
-the plan's variant mix goes into the group's tags (propagated to new instances), which the
-worker's user data reads at boot to know what to pre-load. The same boto3 calls run against an
-emulated endpoint (``AWS_ENDPOINT_URL``) in the tests.
+- **Scaling out** sets the group's desired capacity (clamped to its min/max, which the template
+  owns); each new instance's boot script starts ``infra.worker_server`` with its instance id as
+  its worker id (infra/aws/worker-boot.sh).
+- **Scaling in** chooses the instances that leave, as the local provider stops the newest worker:
+  those whose workers hold the fewest instances and carry the least load (an instance still
+  booting, with no worker yet, first). Each one's worker state is removed from the metadata
+  store at once (selection stops routing to it), then it is terminated with the group's desired
+  capacity decremented. The group's termination lifecycle hook holds the instance in
+  ``Terminating:Wait`` while its worker drains (SIGTERM: stop reporting, finish what is in
+  flight) and completes the lifecycle action (infra/aws/worker-lifecycle.sh).
+- **Assigning** a plan's instances loads and unloads variants on the group's in-service workers
+  through their HTTP API (``InstancePlacer``, the same code the local provider uses); the plan
+  also goes into a group tag, so that an operator sees what the scaler wants beside what runs.
+
+The same boto3 calls run against an emulated endpoint (``AWS_ENDPOINT_URL``) in the tests.
 """
 
 from __future__ import annotations
@@ -15,16 +27,32 @@ from typing import Any
 import boto3
 
 from modelless.exceptions import NotFoundError
+from modelless.metadata.base import MetadataStore
+from modelless.pools.provider import InstancePlacer, logger
+from modelless.types import VariantProfile, WorkerState
 
 PLAN_TAG = "modelless:variants"
 TAG_VALUE_LIMIT = 256  # EC2 tag values hold at most 256 characters
+# Instances that count towards the desired capacity and may be chosen to leave.
+COUNTED_STATES = {"Pending", "Pending:Wait", "Pending:Proceed", "InService"}
 
 
 class AwsPoolProvider:
-    def __init__(self, groups: Mapping[str, str], client: Any | None = None) -> None:
-        """``groups``: pool name -> Auto Scaling group name."""
+    def __init__(
+        self,
+        groups: Mapping[str, str],
+        store: MetadataStore,
+        client: Any | None = None,
+        placer: InstancePlacer | None = None,
+    ) -> None:
+        """``groups``: pool name -> Auto Scaling group name. ``store``: where workers report
+        (their advertised address, load and instances)."""
         self._groups = dict(groups)
+        self._store = store
         self._autoscaling = client or boto3.client("autoscaling")
+        self._placer = placer or InstancePlacer()
+        self.assignments: dict[str, dict[str, int]] = {}
+        self.shortfall: dict[str, dict[str, int]] = {}  # pool -> variant -> instances not placed
 
     def _describe(self, pool: str) -> dict[str, Any]:
         name = self._groups.get(pool)
@@ -43,21 +71,67 @@ class AwsPoolProvider:
 
     def scale(self, pool: str, workers: int) -> int:
         group = self._describe(pool)
+        name = group["AutoScalingGroupName"]
+        desired = int(group["DesiredCapacity"])
         wanted = max(int(group["MinSize"]), min(int(group["MaxSize"]), workers))
-        if wanted != int(group["DesiredCapacity"]):
+        if wanted > desired:
             # No cooldown: the scaler has its own hysteresis (it waits a variant's load time).
             self._autoscaling.set_desired_capacity(
-                AutoScalingGroupName=group["AutoScalingGroupName"],
-                DesiredCapacity=wanted,
-                HonorCooldown=False,
+                AutoScalingGroupName=name, DesiredCapacity=wanted, HonorCooldown=False
             )
+        elif wanted < desired:
+            leaving = self.choose_leaving(pool, group, desired - wanted)
+            for instance_id in leaving:
+                self._store.remove_worker(instance_id)  # out of selection before it drains
+                self._autoscaling.terminate_instance_in_auto_scaling_group(
+                    InstanceId=instance_id, ShouldDecrementDesiredCapacity=True
+                )
+            logger.info("scaling in", extra={"pool": pool, "group": name, "terminating": leaving})
+            if len(leaving) < desired - wanted:
+                # Capacity asked for but not launched yet: the group takes it back itself.
+                self._autoscaling.set_desired_capacity(
+                    AutoScalingGroupName=name, DesiredCapacity=wanted, HonorCooldown=False
+                )
         return wanted
 
-    def assign(self, pool: str, variants: Mapping[str, int]) -> None:
-        group = self._describe(pool)
+    def choose_leaving(self, pool: str, group: Mapping[str, Any], count: int) -> list[str]:
+        """The ``count`` instances whose loss costs least: no worker reporting yet (still booting),
+        then the fewest variant instances held, then the lowest utilisation. Instances an operator
+        protected from scale-in stay."""
+        candidates = [
+            instance["InstanceId"]
+            for instance in group.get("Instances", [])
+            if instance.get("LifecycleState") in COUNTED_STATES and not instance.get("ProtectedFromScaleIn")
+        ]
+        reports = {state.worker_id: state for state in self._store.list_workers(pool)}
+
+        def cost(instance_id: str) -> tuple[int, int, float, str]:
+            state = reports.get(instance_id)
+            if state is None:
+                return (0, 0, 0.0, instance_id)
+            return (1, len(state.instances), state.utilisation, instance_id)
+
+        return sorted(candidates, key=cost)[:count]
+
+    def workers(self, pool: str) -> list[WorkerState]:
+        """The pool's workers that report and run on an in-service instance of its group."""
+        in_service = {
+            instance["InstanceId"]
+            for instance in self._describe(pool).get("Instances", [])
+            if instance.get("LifecycleState") == "InService"
+        }
+        return [state for state in self._store.list_workers(pool) if state.worker_id in in_service]
+
+    def assign(self, pool: str, instances: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
+        self.assignments[pool] = dict(instances)
+        addresses = {state.worker_id: state.address for state in self.workers(pool)}
+        self.shortfall[pool] = self._placer.place(addresses, instances, profiles)
+        self._tag_plan(pool, instances)
+
+    def _tag_plan(self, pool: str, variants: Mapping[str, int]) -> None:
         value = json.dumps(dict(sorted(variants.items())), separators=(",", ":"))
         if len(value) > TAG_VALUE_LIMIT:
-            # Too long for one tag: keep the most replicated variants, which matter most at boot.
+            # Too long for one tag: keep the most replicated variants.
             ranked = sorted(variants.items(), key=lambda item: (-item[1], item[0]))
             kept: dict[str, int] = {}
             for variant, count in ranked:
@@ -69,19 +143,22 @@ class AwsPoolProvider:
         self._autoscaling.create_or_update_tags(
             Tags=[
                 {
-                    "ResourceId": group["AutoScalingGroupName"],
+                    "ResourceId": self._groups[pool],
                     "ResourceType": "auto-scaling-group",
                     "Key": PLAN_TAG,
                     "Value": value,
-                    "PropagateAtLaunch": True,
+                    "PropagateAtLaunch": False,
                 }
             ]
         )
 
     def assigned(self, pool: str) -> dict[str, int]:
-        """The variant mix last assigned to the pool (what a booting worker reads)."""
+        """The variant mix last tagged on the pool's group."""
         for tag in self._describe(pool).get("Tags", []):
             if tag["Key"] == PLAN_TAG:
                 loaded: dict[str, int] = json.loads(tag["Value"])
                 return loaded
         return {}
+
+    def close(self) -> None:
+        self._placer.close()

@@ -36,7 +36,8 @@ class PoolSpec:
 
     def instance_price_per_second(self, threads: int, memory_mb: int = 0) -> float:
         if self.kind is PoolKind.LAMBDA:
-            return LAMBDA_PRICE_PER_GB_SECOND * (memory_mb or LAMBDA_MB_PER_VCPU) / 1024
+            # Billed per GB·s of the function's memory; the pool's price is that of one vCPU's worth.
+            return self.price_per_vcpu_second * (memory_mb or LAMBDA_MB_PER_VCPU) / LAMBDA_MB_PER_VCPU
         if self.device != "cpu":
             return self.price_per_device_second / self.instances_per_device
         return self.price_per_vcpu_second * threads

@@ -3,12 +3,19 @@
 It behaves like Lambda where it matters to the dispatcher: a new container is a cold start
 (measured: process start, imports, model load), warm containers are reused, concurrency is
 capped, idle containers are reclaimed, and a container's threads follow its memory size.
+
+Unlike AWS, it can say which containers are idle and what they hold, and selection uses that
+(``state`` and ``tier_state``): a variant is an Active instance of the tier while an idle
+container holds it, Overloaded while every container that holds it is busy (a query now would
+start another container), and a Lambda decision with no idle container counts the cold start.
+An invocation takes an idle container that holds its variant before any other idle one.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,10 +26,19 @@ from modelless.exceptions import ServiceUnavailableError
 from modelless.pools.catalog import LAMBDA_MB_PER_VCPU, lambda_threads
 from modelless.pools.invokers import WorkerUnreachableError, raise_for_worker_error
 from modelless.pools.processes import ChildProcess, spawn
+from modelless.selection import LambdaTierState
 from modelless.types import InstanceState, InstanceStats, WorkerState
 
 INVOKE_PATH = "/2015-03-31/functions/function/invocations"  # the Lambda runtime emulator's path
 LAMBDA_TIER_ID = "lambda-tier"
+# The function's timeout (what infra/lambda_container.py tells the handler it has): an invocation
+# still running past it ends with its container, whether or not its caller still waits.
+FUNCTION_TIMEOUT_S = 30.0
+# What a container's start is expected to take until the tier has measured one of its own: the
+# order of a Python process importing onnxruntime (0.6-0.9 s on an idle 2-core VM). An
+# assumption for decisions only, never reported as a measurement; replaced by the measured mean.
+UNMEASURED_COLD_START_MS = 1000.0
+COLD_STARTS_KEPT = 20  # the expected cold start is the mean of this many latest ones
 
 
 @dataclass
@@ -33,6 +49,25 @@ class _Container:
     invocations: int = 0
     last_used: float = field(default_factory=time.monotonic)
     variants: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class _Invocation:
+    """One invocation running in a container: its reply (or error) once done."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    response: httpx.Response | None = None
+    error: Exception | None = None
+
+
+@dataclass(eq=False)
+class _ColdStart:
+    """A container being started for one invocation: handed to it if it still waits, else idle."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    container: _Container | None = None
+    error: BaseException | None = None
+    abandoned: bool = False  # the invocation stopped waiting (its deadline passed)
 
 
 class LocalLambdaTier:
@@ -56,20 +91,35 @@ class LocalLambdaTier:
         self._next_index = 0
         self._cond = threading.Condition()
         self._client = httpx.Client(limits=httpx.Limits(max_keepalive_connections=32))
+        self._closed = False
         self.cold_starts = 0
+        self._cold_start_ms: deque[float] = deque(maxlen=COLD_STARTS_KEPT)  # measured starts
 
     def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        # One deadline for the whole invocation: the wait for a container, a cold start, the run.
+        deadline = time.monotonic() + timeout_s
         # Each memory size is its own function in AWS: containers serve one size only.
-        container, cold = self._acquire(int(payload.get("memory_mb") or self.memory_mb), timeout_s)
-        try:
-            response = self._client.post(
-                f"{container.child.address}{INVOKE_PATH}", json=payload, timeout=timeout_s
+        container, cold = self._acquire(
+            int(payload.get("memory_mb") or self.memory_mb), deadline, str(payload.get("variant_id", ""))
+        )
+        # The run goes on in a thread of its own, as a Lambda invocation runs to its end whether
+        # or not its caller still waits: a container that is slow, not dead, is not killed for it
+        # and serves the next invocation once this one is done.
+        invocation = _Invocation()
+        threading.Thread(
+            target=self._run_in, args=(container, payload, invocation), name="lambda-invoke", daemon=True
+        ).start()
+        if not invocation.done.wait(max(0.0, deadline - time.monotonic())):
+            raise ServiceUnavailableError(
+                f"Lambda tier: the invocation did not complete within {timeout_s:.3g} s "
+                "(its container finishes it, then serves the next)"
             )
-        except httpx.HTTPError as error:
-            self._discard(container)
-            raise WorkerUnreachableError(f"Lambda container did not answer: {error}") from error
-        finally:
-            self._release(container, payload)
+        if invocation.error is not None:
+            raise WorkerUnreachableError(
+                f"Lambda container did not answer: {invocation.error!r}"
+            ) from invocation.error
+        response = invocation.response
+        assert response is not None  # done is set after a response or an error
         body = raise_for_worker_error(
             int(response.json().get("statusCode", response.status_code)), response.json()
         )
@@ -77,14 +127,27 @@ class LocalLambdaTier:
         body["init_ms"] = container.child.started_ms if cold else 0.0
         return body
 
-    def _acquire(self, memory_mb: int, timeout_s: float) -> tuple[_Container, bool]:
-        deadline = time.monotonic() + timeout_s
+    def _run_in(self, container: _Container, payload: dict[str, Any], invocation: _Invocation) -> None:
+        try:
+            invocation.response = self._client.post(
+                f"{container.child.address}{INVOKE_PATH}", json=payload, timeout=FUNCTION_TIMEOUT_S
+            )
+        except Exception as error:  # httpx's, or the tier closed meanwhile: the caller hears it
+            # Dead, or past the function's timeout (where Lambda ends a function too): not reused.
+            invocation.error = error
+            self._discard(container)
+        finally:
+            self._release(container, payload)
+            invocation.done.set()
+
+    def _acquire(self, memory_mb: int, deadline: float, variant_id: str = "") -> tuple[_Container, bool]:
         with self._cond:
             while True:
                 self._reap_idle_locked()
                 idle = [c for c in self._containers if not c.busy and c.memory_mb == memory_mb]
                 if idle:
-                    chosen = max(idle, key=lambda c: c.last_used)  # warmest first, like Lambda
+                    # One that holds the variant (no model load), then the warmest, like Lambda.
+                    chosen = max(idle, key=lambda c: (variant_id in c.variants, c.last_used))
                     chosen.busy = True
                     return chosen, False
                 if len(self._containers) + self._starting >= self.concurrency:
@@ -106,6 +169,25 @@ class LocalLambdaTier:
                 self._cond.wait(remaining)
             name = f"lambda-{self._next_index}"
             self._next_index += 1
+        # The start runs in a thread of its own, so that the invocation waits no longer than its
+        # deadline; a container it stopped waiting for still joins the tier, idle, for the next.
+        start = _ColdStart()
+        threading.Thread(
+            target=self._start_container, args=(name, memory_mb, start), name=f"start-{name}", daemon=True
+        ).start()
+        start.done.wait(max(0.0, deadline - time.monotonic()))
+        with self._cond:
+            if start.container is not None:
+                return start.container, True
+            if start.error is not None:
+                raise start.error
+            start.abandoned = True
+        raise ServiceUnavailableError(
+            f"Lambda tier: container {name} was still starting (a cold start) when the invocation's "
+            "time ran out; it serves the next one"
+        )
+
+    def _start_container(self, name: str, memory_mb: int, start: _ColdStart) -> None:
         try:
             child = spawn(
                 name,
@@ -117,18 +199,33 @@ class LocalLambdaTier:
                     "OMP_NUM_THREADS": str(lambda_threads(memory_mb)),
                 },
             )
-        except BaseException:
+            container = _Container(child, memory_mb, busy=True)
+        except BaseException as error:
             with self._cond:
                 self._starting -= 1
+                start.error = error
                 self._cond.notify()
-            raise
-        container = _Container(child, memory_mb, busy=True)
+            start.done.set()
+            return
         with self._cond:
             # One step: between "no longer starting" and "running", nobody may count neither.
             self._starting -= 1
-            self._containers.append(container)
-            self.cold_starts += 1
-        return container, True
+            closed = self._closed
+            if not closed:
+                container.busy = not start.abandoned  # abandoned: idle, for the next invocation
+                self._containers.append(container)
+                self.cold_starts += 1
+                self._cold_start_ms.append(child.started_ms)
+                if not start.abandoned:
+                    start.container = container
+                else:
+                    container.last_used = time.monotonic()
+            else:
+                start.error = ServiceUnavailableError("Lambda tier closed while a container was starting")
+            self._cond.notify()
+        if closed:
+            child.stop(timeout_s=1.0)
+        start.done.set()
 
     def _release(self, container: _Container, payload: dict[str, Any]) -> None:
         with self._cond:
@@ -156,11 +253,27 @@ class LocalLambdaTier:
                 container.child.stop(timeout_s=1.0)
 
     def state(self) -> WorkerState:
-        """The tier as selection sees it: variants warm in some container are Active."""
+        """The tier as selection sees it: a variant that some container holds is an instance,
+        Active while one of those containers is idle, Overloaded while all of them are busy (a
+        query now would start another container); its queue is its busy containers."""
         with self._cond:
-            warm = sorted({v for c in self._containers for v in c.variants})
+            holders: dict[str, list[_Container]] = {}
+            for container in self._containers:
+                for variant_id in container.variants:
+                    holders.setdefault(variant_id, []).append(container)
             busy = sum(1 for c in self._containers if c.busy)
             free = self.concurrency - len(self._containers) - self._starting
+            instances = tuple(
+                InstanceStats(
+                    variant_id,
+                    InstanceState.OVERLOADED if all(c.busy for c in held) else InstanceState.ACTIVE,
+                    0.0,
+                    0.0,
+                    0.0,
+                    sum(1 for c in held if c.busy),
+                )
+                for variant_id, held in sorted(holders.items())
+            )
         return WorkerState(
             worker_id=LAMBDA_TIER_ID,
             pool="lambda-cpu",
@@ -168,8 +281,19 @@ class LocalLambdaTier:
             utilisation=busy / self.concurrency,
             free_slots=max(0, free),
             reported_at=time.time(),
-            instances=tuple(InstanceStats(v, InstanceState.ACTIVE, 0.0, 0.0, 0.0, 0) for v in warm),
+            instances=instances,
         )
+
+    def tier_state(self) -> LambdaTierState:
+        """Idle containers per memory size and the expected cold start, for selection."""
+        with self._cond:
+            idle: dict[int, int] = {}
+            for container in self._containers:
+                if not container.busy:
+                    idle[container.memory_mb] = idle.get(container.memory_mb, 0) + 1
+            measured = list(self._cold_start_ms)
+        expected = sum(measured) / len(measured) if measured else UNMEASURED_COLD_START_MS
+        return LambdaTierState(idle, self.memory_mb, expected)
 
     @property
     def size(self) -> int:
@@ -177,6 +301,7 @@ class LocalLambdaTier:
 
     def close(self) -> None:
         with self._cond:
+            self._closed = True
             containers, self._containers = self._containers, []
         for container in containers:
             container.child.stop(timeout_s=2.0)

@@ -31,16 +31,24 @@ class ChildProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def terminate(self) -> None:
+        """Ask the process to stop (SIGTERM): a worker finishes what is in flight first."""
         if self.process.poll() is None:
             self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+
+    def wait_stopped(self, timeout_s: float = 5.0) -> None:
+        """Wait for a terminated process to exit; kill it past ``timeout_s``."""
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.terminate()
+        self.wait_stopped(timeout_s)
 
 
 def spawn(

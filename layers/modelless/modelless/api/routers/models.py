@@ -57,7 +57,13 @@ async def register_model(
     model_bytes = await _read_limited(model, services.settings.max_model_bytes, "model file")
     valset_bytes = await _read_limited(valSet, services.settings.max_valset_bytes, "validation set")
     registration = await run_in_threadpool(
-        services.registrar.register, appID, modelName, model_bytes, valset_bytes, metric
+        services.registrar.register,
+        appID,
+        modelName,
+        model_bytes,
+        valset_bytes,
+        metric,
+        request.state.correlation_id,
     )
     return _reply(request, registration)
 

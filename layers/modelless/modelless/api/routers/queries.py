@@ -8,6 +8,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from modelless.api.dependencies import KeyDep, ServicesDep
 from modelless.api.schemas import OnlineQuery, QueryReply
+from modelless.api.services import Services
 from modelless.auth import authorize_app
 from modelless.exceptions import InvalidInputError
 from modelless.observability import record_query
@@ -19,6 +20,12 @@ router = APIRouter(prefix="/v1", tags=["queries"])
 
 @router.post("/online_query")
 async def online_query(body: OnlineQuery, request: Request, services: ServicesDep, key: KeyDep) -> QueryReply:
+    # One hop to the thread pool for everything that may wait: the key's and the model's lookups
+    # in the metadata store, and the dispatch to a worker or the Lambda tier.
+    return await run_in_threadpool(answer_query, services, body, key, request.state.correlation_id)
+
+
+def answer_query(services: Services, body: OnlineQuery, key: str | None, correlation_id: str) -> QueryReply:
     authorize_app(services.store, key, body.appID)
     check_targets(body.latency, body.accuracy)
     if body.modelName is None and body.latency is None and body.accuracy is None:
@@ -34,9 +41,7 @@ async def online_query(body: OnlineQuery, request: Request, services: ServicesDe
         model_name=body.modelName,
         batch=int(inputs.shape[0]),
     )
-    result = await run_in_threadpool(
-        services.dispatcher.online_query, targets, inputs, request.state.correlation_id
-    )
+    result = services.dispatcher.online_query(targets, inputs, correlation_id)
     record_query(result)
     outputs = result.outputs.astype(np.float64)
     return QueryReply(

@@ -1,0 +1,101 @@
+"""offline_query (INFaaS Table 4): batch jobs over S3 objects, and their progress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+
+from modelless.api.dependencies import AdminDep, CallerAppDep, KeyDep, ServicesDep
+from modelless.api.schemas import JobReply, OfflineBuckets, OfflineQuery
+from modelless.api.services import Services
+from modelless.auth import authorize_app
+from modelless.exceptions import InvalidInputError, NotFoundError, ServiceUnavailableError
+from modelless.offline.jobs import InvalidJobError, JobSpec, S3Path
+from modelless.offline.service import JobView, OfflineService
+from modelless.validation import check_name
+
+router = APIRouter(prefix="/v1", tags=["offline"])
+
+
+def _offline(services: Services) -> OfflineService:
+    if services.offline is None:
+        raise ServiceUnavailableError("offline jobs are not enabled on this deployment")
+    return services.offline
+
+
+def _reply(request: Request, view: JobView) -> JobReply:
+    job = view.job
+    try:
+        input_path: S3Path | None = S3Path.parse(job.input_path, "inputPath")
+    except InvalidJobError:
+        input_path = None  # a refused manifest's path, kept as it was written
+
+    def input_url(key: str) -> str:
+        return input_path.url_of(key) if input_path is not None else key
+
+    return JobReply(
+        jobId=job.job_id,
+        appID=job.app_id,
+        status=job.status.value,
+        done=view.done,
+        total=view.total,
+        errors=view.errors,
+        succeeded=view.done - view.errors,
+        throughput=round(view.throughput, 3),
+        elapsedSeconds=round(view.elapsed_s, 3),
+        activeSeconds=round(job.active_s, 3),
+        paused=job.paused,
+        pauseReason=job.pause_reason,
+        variant=job.variant_id,
+        inputPath=job.input_path,
+        outputPath=job.output_path,
+        summaryPath=job.summary_key,
+        message=job.message,
+        source=job.source,
+        runs=job.runs,
+        createdAt=job.created_at,
+        startedAt=job.started_at,
+        finishedAt=job.finished_at,
+        errorSamples=[{"input": input_url(k), "error": v} for k, v in view.error_samples.items()],
+        statusUrl=str(request.url_for("job_status", job_id=job.job_id)),
+    )
+
+
+@router.post("/offline_query", status_code=202)
+async def offline_query(body: OfflineQuery, request: Request, services: ServicesDep, key: KeyDep) -> JobReply:
+    authorize_app(services.store, key, body.appID)
+    if body.accuracy is None and body.modelName is None:
+        raise InvalidInputError("give either an accuracy target or a modelName")
+    if body.modelName is not None:
+        check_name("modelName", body.modelName)
+    offline = _offline(services)
+    spec = JobSpec(body.appID, body.inputPath, body.outputPath, body.accuracy or 0.0, body.modelName)
+    # Validation lists buckets and objects (S3 round trips): off the event loop.
+    job = await run_in_threadpool(offline.submit, spec)
+    return _reply(request, offline.view(job.job_id, body.appID))
+
+
+@router.get("/jobs/{job_id}", name="job_status")
+def job_status(request: Request, job_id: str, services: ServicesDep, app_id: CallerAppDep) -> JobReply:
+    return _reply(request, _offline(services).view(job_id, app_id))
+
+
+@router.get("/jobs")
+def list_jobs(request: Request, services: ServicesDep, app_id: CallerAppDep) -> dict[str, Any]:
+    views = _offline(services).views(app_id)
+    return {"appID": app_id, "jobs": [_reply(request, v) for v in views]}
+
+
+@router.put("/apps/{app_id}/offline-buckets")
+def set_offline_buckets(
+    app_id: str, body: OfflineBuckets, services: ServicesDep, _: AdminDep
+) -> dict[str, Any]:
+    """Admin: the buckets the app's offline jobs may read and write (replaces the list)."""
+    if not services.store.app_exists(app_id):
+        raise NotFoundError(f"no app {app_id!r}", app=app_id)
+    for bucket in body.buckets:
+        S3Path.parse(f"s3://{bucket}/", "bucket")
+    services.store.set_offline_buckets(app_id, body.buckets)
+    return {"appID": app_id, "buckets": services.store.offline_buckets(app_id)}

@@ -1,0 +1,594 @@
+"""Offline jobs as the API and the S3 events see them: refuse what cannot run, create the job,
+hand it to a launcher, report its progress.
+
+Everything a caller can get wrong is refused before a job exists: a path that is not
+``s3://bucket/prefix``, a bucket the app may not use, an output prefix inside the input prefix
+(the results would become inputs and re-trigger the job) or under a watched prefix, a bucket
+that does not exist or that the service's credentials may not read (S3's 403), a model or
+accuracy no provisioned variant serves, no inputs at all.
+
+A watched prefix has one standing job (``Watch.job_id``): each object created under it becomes
+one more input of that job, which completes whenever it has caught up and is queued again by the
+next object; ``job status`` shows its done/total growing.
+
+Launchers: in the embedded stack, background threads of the gateway process (and a supervisor
+that resumes unfinished jobs nobody holds: a crashed runner, a restart); in AWS, an asynchronous
+invoke of the offline function, which runs the job with its remaining time and hands what is
+left to its next invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from aws_lambda_powertools import Logger
+
+from modelless.config import Settings
+from modelless.exceptions import ForbiddenError, NotFoundError
+from modelless.metadata.base import MetadataStore
+from modelless.offline.compute import Compute, WorkerCompute, explain_no_candidates, offline_candidates
+from modelless.offline.jobs import (
+    InvalidJobError,
+    JobSpec,
+    S3Path,
+    is_input,
+    is_watch_source,
+    new_job_id,
+    watch_job_id,
+    watch_source,
+)
+from modelless.offline.objects import ObjectStore, S3AccessDeniedError, S3ObjectStore
+from modelless.offline.runner import JobRunner, RunnerConfig, RunOutcome, RunReport
+from modelless.offline.throttle import ThrottleConfig
+from modelless.pools.catalog import PoolSpec
+from modelless.pools.invokers import HttpWorkerInvoker
+from modelless.types import JobStatus, OfflineJob, WorkerState
+from modelless.validation import check_name, check_targets
+
+logger = Logger(service="offline", child=True)
+
+ERROR_SAMPLES = 20  # failed inputs a status reply names
+REFUSED = "refused: "  # the message of a job recorded only to say why it was refused
+
+
+def is_refusal(job: OfflineJob) -> bool:
+    return job.status is JobStatus.FAILED and job.message.startswith(REFUSED)
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A watched input prefix (``MODELLESS_OFFLINE_WATCHES``): one standing job, to which every
+    object created under the prefix is added as an input."""
+
+    prefix: S3Path
+    app_id: str
+    output_path: str
+    min_accuracy: float = 0.0
+    model_name: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return watch_job_id(self.prefix, self.app_id, self.output_path, self.min_accuracy, self.model_name)
+
+    @property
+    def source(self) -> str:
+        return watch_source(self.prefix)
+
+    def spec(self) -> JobSpec:
+        return JobSpec(self.app_id, str(self.prefix), self.output_path, self.min_accuracy, self.model_name)
+
+    @classmethod
+    def parse_all(cls, raw: str) -> list[Watch]:
+        try:
+            entries = json.loads(raw or "[]")
+            return [
+                cls(
+                    S3Path.parse(entry["prefix"], "prefix"),
+                    str(entry["appID"]),
+                    str(entry["outputPath"]),
+                    float(entry.get("accuracy") or 0.0),
+                    entry.get("modelName"),
+                )
+                for entry in entries
+            ]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"MODELLESS_OFFLINE_WATCHES is not a JSON list of watches: {error}") from error
+
+
+@dataclass
+class JobView:
+    """A job with its live progress, as ``job status`` shows it."""
+
+    job: OfflineJob
+    done: int
+    errors: int
+    error_samples: dict[str, str]
+    now: float
+    total: int
+
+    @property
+    def elapsed_s(self) -> float:
+        if self.job.started_at is None:
+            return 0.0
+        return max(0.0, (self.job.finished_at or self.now) - self.job.started_at)
+
+    @property
+    def throughput(self) -> float:
+        """Inputs per second since the job started (pauses included)."""
+        return self.done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class JobLauncher(Protocol):
+    def launch(self, job_id: str) -> None:
+        """Have the job run (again) somewhere; a no-op when it is already queued here."""
+
+    def close(self) -> None: ...
+
+
+class LambdaLauncher:
+    """AWS: an asynchronous invoke of the offline function with ``{"jobId": …}``."""
+
+    def __init__(self, function_name: str, client: Any | None = None) -> None:
+        self._function = function_name
+        self._lambda = client  # made on first launch: a gateway's cold start does not pay for it
+
+    def launch(self, job_id: str) -> None:
+        if self._lambda is None:
+            import boto3
+
+            self._lambda = boto3.client("lambda")
+        self._lambda.invoke(
+            FunctionName=self._function, InvocationType="Event", Payload=json.dumps({"jobId": job_id})
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def runs_in_child_processes(settings: Settings) -> bool:
+    """``MODELLESS_OFFLINE_RUNNER``: "process", "thread", or "auto" (the default): a child
+    process per job whenever the metadata store is shared (Redis), since a job run in the
+    gateway's own process competes with online queries for its CPU and GIL (infra/bench_offline.py
+    measures the difference); a thread otherwise (the in-memory store lives in this process)."""
+    mode = settings.offline_runner
+    if mode not in {"auto", "process", "thread"}:
+        raise ValueError(f"MODELLESS_OFFLINE_RUNNER must be auto, process or thread; it is {mode!r}")
+    shared = settings.metadata_url.startswith(("redis://", "rediss://", "unix://"))
+    return mode == "process" or (mode == "auto" and shared)
+
+
+class ChildProcessRunner:
+    """Runs a job in a child process (``python -m modelless.offline run JOB``): its CPU and its
+    GIL apart from the gateway's, which serves online queries. The child reaches the job through
+    the metadata store, so that store must be shared (Redis). Its logs go where the gateway's go
+    (inherited stdout and stderr); its outcome comes back through a report file of its own, never
+    fished out of the log stream. ``command`` is the child's program (tests replace it)."""
+
+    def __init__(
+        self, metadata_url: str, command: Sequence[str] = (sys.executable, "-m", "modelless.offline")
+    ) -> None:
+        if not metadata_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("offline jobs run in child processes need a shared metadata store (redis://)")
+        self._env = {**os.environ, "MODELLESS_METADATA_URL": metadata_url}
+        self._command = list(command)
+        self._children: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def __call__(self, job_id: str) -> RunReport:
+        with tempfile.TemporaryDirectory(prefix="modelless-offline-") as scratch:
+            report_file = Path(scratch) / "report.jsonl"
+            with self._lock:
+                if self._closed:
+                    return RunReport(job_id, RunOutcome.YIELDED, message="shutting down")
+                child = subprocess.Popen(
+                    [*self._command, "run", job_id, "--report-file", str(report_file)], env=self._env
+                )
+                self._children.add(child)
+            try:
+                child.wait()
+            finally:
+                with self._lock:
+                    self._children.discard(child)
+            if child.returncode != 0:
+                raise RuntimeError(f"offline runner for {job_id} exited with {child.returncode}")
+            try:
+                lines = report_file.read_text().splitlines()
+            except FileNotFoundError:
+                raise RuntimeError(f"offline runner for {job_id} wrote no report") from None
+        for line in lines:
+            report = json.loads(line)
+            if report.get("jobId") == job_id:
+                return RunReport(job_id, RunOutcome(report["outcome"]), processed=int(report["processed"]))
+        raise RuntimeError(f"offline runner for {job_id} reported on other jobs only")
+
+    def close(self) -> None:
+        """Stop the children: their jobs' leases expire and the next start resumes them."""
+        with self._lock:
+            self._closed = True
+            children = list(self._children)
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+class ThreadLauncher:
+    """The embedded stack: jobs run from background threads of this process (in the thread
+    itself, or in a child process per job when ``run`` is a ``ChildProcessRunner``). A supervisor
+    thread (``start_supervisor``) resumes every unfinished job whose lease nobody holds: one whose
+    runner crashed, or every unfinished job after a restart."""
+
+    def __init__(
+        self,
+        run: Callable[[str], RunReport],
+        resumable: Callable[[], list[str]],
+        concurrency: int = 1,
+        resume_every_s: float = 5.0,
+    ) -> None:
+        self._run = run
+        self._resumable = resumable
+        self._resume_every_s = resume_every_s
+        self._pool = ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="offline-job")
+        self._queued: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._supervisor: threading.Thread | None = None
+
+    def launch(self, job_id: str) -> None:
+        with self._lock:
+            if job_id in self._queued or self._stop.is_set():
+                return
+            self._queued.add(job_id)
+        self._pool.submit(self._work, job_id)
+
+    def _work(self, job_id: str) -> None:
+        try:
+            report = self._run(job_id)
+            logger.info("offline run ended", extra={"job_id": job_id, "outcome": report.outcome.value})
+        except Exception:
+            logger.exception("offline run failed; the supervisor resumes the job", extra={"job_id": job_id})
+        finally:
+            with self._lock:
+                self._queued.discard(job_id)
+
+    def start_supervisor(self) -> None:
+        if self._supervisor is not None:
+            return
+
+        def loop() -> None:
+            while True:
+                try:
+                    for job_id in self._resumable():
+                        self.launch(job_id)
+                except Exception:
+                    logger.exception("could not look for offline jobs to resume")
+                if self._stop.wait(self._resume_every_s):
+                    return
+
+        self._supervisor = threading.Thread(target=loop, name="offline-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=5)
+        # A job running in a thread stops when the process ends; its lease then expires and the
+        # next start resumes it. Queued ones are simply not started.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if isinstance(self._run, ChildProcessRunner):
+            self._run.close()
+
+
+@dataclass
+class OfflineService:
+    store: MetadataStore
+    settings: Settings
+    pools: Mapping[str, PoolSpec]
+    live_workers: Callable[[], Sequence[WorkerState]]
+    objects_factory: Callable[[], ObjectStore] = S3ObjectStore
+    launcher: JobLauncher | None = None
+    clock: Callable[[], float] = time.time
+    watches: list[Watch] = field(default_factory=list)
+    _objects: ObjectStore | None = field(default=None, init=False)
+    _invoker: HttpWorkerInvoker | None = field(default=None, init=False)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        store: MetadataStore,
+        pools: Mapping[str, PoolSpec],
+        live_workers: Callable[[], Sequence[WorkerState]] | None = None,
+        objects_factory: Callable[[], ObjectStore] = S3ObjectStore,
+    ) -> OfflineService:
+        service = cls(
+            store,
+            settings,
+            pools,
+            live_workers or (lambda: store.list_workers()),
+            objects_factory,
+            watches=Watch.parse_all(settings.offline_watches),
+        )
+        if settings.offline_function:
+            service.launcher = LambdaLauncher(settings.offline_function)
+        else:
+            run: Callable[[str], RunReport] = service.run
+            if runs_in_child_processes(settings):
+                run = ChildProcessRunner(settings.metadata_url)
+            service.launcher = ThreadLauncher(
+                run, service.resumable, concurrency=settings.offline_concurrency
+            )
+        return service
+
+    @property
+    def objects(self) -> ObjectStore:
+        # Made on first use: a gateway that never sees an offline job never builds an S3 client.
+        if self._objects is None:
+            self._objects = self.objects_factory()
+        return self._objects
+
+    # --- refusals up front ----------------------------------------------------------------------
+
+    def allowed_buckets(self, app_id: str) -> list[str]:
+        own = self.store.offline_buckets(app_id)
+        return own if own is not None else list(self.settings.offline_buckets)
+
+    def validate(self, spec: JobSpec, require_inputs: bool = True) -> tuple[S3Path, S3Path]:
+        """Every reason the job cannot run, as a 4xx error, before anything is written
+        (``require_inputs=False``: a watch, whose inputs arrive later)."""
+        if not self.store.app_exists(spec.app_id):
+            raise NotFoundError(f"no app {spec.app_id!r}", app=spec.app_id)
+        check_targets(None, spec.min_accuracy)
+        if spec.model_name is not None:
+            check_name("modelName", spec.model_name)
+        inputs = S3Path.parse(spec.input_path, "inputPath")
+        outputs = S3Path.parse(spec.output_path, "outputPath")
+        allowed = self.allowed_buckets(spec.app_id)
+        for what, path in (("inputPath", inputs), ("outputPath", outputs)):
+            if path.bucket not in allowed:
+                raise ForbiddenError(
+                    f"{what} {path}: app {spec.app_id!r} may not use bucket {path.bucket!r} for offline "
+                    f"jobs (allowed: {', '.join(allowed) or 'none'}; an admin allows buckets with "
+                    f"`modelless allow-buckets {spec.app_id} BUCKET…`)",
+                    bucket=path.bucket,
+                    allowed=allowed,
+                )
+        if inputs.covers(outputs):
+            raise InvalidJobError(
+                f"outputPath {outputs} lies inside inputPath {inputs}: the job's results would become "
+                "its own inputs (and start it again); choose an output prefix outside the input prefix",
+                inputPath=str(inputs),
+                outputPath=str(outputs),
+            )
+        for watch in self.watches:
+            if watch.prefix.covers(outputs) or (
+                outputs.bucket == watch.prefix.bucket and watch.prefix.prefix.startswith(outputs.prefix)
+            ):
+                raise InvalidJobError(
+                    f"outputPath {outputs} overlaps the watched prefix {watch.prefix}: every result "
+                    "would start a new job; choose an output prefix outside it",
+                    outputPath=str(outputs),
+                )
+        for what, path in (("inputPath", inputs), ("outputPath", outputs)):
+            try:
+                exists = self.objects.bucket_exists(path.bucket)
+            except S3AccessDeniedError as error:
+                error.message = f"{what} {path}: {error.message}"
+                raise
+            if not exists:
+                raise NotFoundError(
+                    f"{what} {path}: bucket {path.bucket!r} does not exist", bucket=path.bucket
+                )
+        if not offline_candidates(self.store, self.pools, spec.app_id, spec.min_accuracy, spec.model_name):
+            raise explain_no_candidates(self.store, spec.app_id, spec.min_accuracy, spec.model_name)
+        if require_inputs:
+            # A few keys are enough to know there is an input (folder markers and manifests are not).
+            listed = [
+                i for i in self.objects.list_objects(inputs.bucket, inputs.prefix, 16) if is_input(i.key)
+            ]
+            if not listed:
+                raise InvalidJobError(f"inputPath {inputs}: no objects under it", inputPath=str(inputs))
+        return inputs, outputs
+
+    # --- jobs -----------------------------------------------------------------------------------
+
+    def submit(
+        self, spec: JobSpec, job_id: str | None = None, source: str = "api", launch: bool = True
+    ) -> OfflineJob:
+        """Validate, create the job (or find it: a duplicate event gives the same id) and launch
+        it (``launch=False``: the caller runs it itself, as the offline function does)."""
+        inputs, outputs = self.validate(spec)
+        job = OfflineJob(
+            job_id=job_id or new_job_id(),
+            app_id=spec.app_id,
+            input_path=str(inputs),
+            output_path=str(outputs),
+            min_accuracy=spec.min_accuracy,
+            model_name=spec.model_name,
+            source=source,
+            created_at=self.clock(),
+            message="queued",
+        )
+        if not self.store.create_job(job):
+            existing = self.store.get_job(job.job_id)
+            if existing is None:  # deleted in between: nothing sensible to do but report it
+                raise NotFoundError(f"job {job.job_id} vanished while being created")
+            logger.info("job exists already (a duplicate event)", extra={"job_id": job.job_id})
+            job = existing
+        if launch and not job.status.finished:
+            self.launch(job.job_id)
+        return job
+
+    def record_refusal(self, spec: JobSpec, job_id: str, source: str, message: str) -> OfflineJob | None:
+        """An S3-started job that was refused: kept as a failed job (when its app exists), so
+        that ``job status`` and the app's job list say why nothing ran. A refusal recorded
+        earlier under the id is replaced (a watch refused again, for a new reason); a job that
+        did run is never touched."""
+        if not self.store.app_exists(spec.app_id):
+            return None
+        now = self.clock()
+        job = OfflineJob(
+            job_id=job_id,
+            app_id=spec.app_id,
+            input_path=str(spec.input_path),
+            output_path=str(spec.output_path),
+            min_accuracy=spec.min_accuracy,
+            model_name=spec.model_name,
+            source=source,
+            status=JobStatus.FAILED,
+            message=f"{REFUSED}{message}",
+            created_at=now,
+            finished_at=now,
+        )
+        if self.store.create_job(job):
+            return job
+        existing = self.store.get_job(job_id)
+        if existing is not None and is_refusal(existing):
+            job.created_at = existing.created_at
+            self.store.put_job(job)
+            return job
+        return existing
+
+    def watch_for(self, path: S3Path) -> Watch | None:
+        """The watch an object's key falls under, if any."""
+        return next((w for w in self.watches if w.prefix.covers(path)), None)
+
+    def watch_job(self, watch: Watch) -> OfflineJob:
+        """The watch's standing job: created (validated like any job, inputs aside) at its first
+        object; a watch refused earlier is validated again, since an admin may have fixed what
+        was wrong. Raises the refusal (a 4xx error)."""
+        job = self.store.get_job(watch.job_id)
+        if job is not None and not is_refusal(job):
+            return job
+        inputs, outputs = self.validate(watch.spec(), require_inputs=False)
+        fresh = OfflineJob(
+            job_id=watch.job_id,
+            app_id=watch.app_id,
+            input_path=str(inputs),
+            output_path=str(outputs),
+            min_accuracy=watch.min_accuracy,
+            model_name=watch.model_name,
+            source=watch.source,
+            created_at=self.clock(),
+            message=f"watching {inputs}",
+        )
+        if job is None:
+            if self.store.create_job(fresh):
+                return fresh
+            return self.store.get_job(watch.job_id) or fresh
+        fresh.created_at = job.created_at
+        self.store.put_job(fresh)  # the refusal is over (a refused job has no runner to race)
+        return fresh
+
+    def add_watched_input(self, watch: Watch, key: str) -> tuple[OfflineJob, bool]:
+        """One object created under the watch: an input of its standing job (once, whatever the
+        number of deliveries; a completed job is queued again). Returns the job and whether the
+        object was new to it. Raises the watch's refusal (a 4xx error)."""
+        job = self.watch_job(watch)
+        added = self.store.add_job_items(job.job_id, [key], f"new objects under {watch.prefix}; queued") > 0
+        return self.store.get_job(job.job_id) or job, added
+
+    def launch(self, job_id: str) -> None:
+        if self.launcher is None:
+            raise RuntimeError("this OfflineService has no launcher")
+        self.launcher.launch(job_id)
+
+    def view(self, job_id: str, app_id: str) -> JobView:
+        job = self.store.get_job(job_id)
+        if job is None or job.app_id != app_id:
+            raise NotFoundError(f"no job {job_id!r} in app {app_id!r}")
+        return self._view(job)
+
+    def views(self, app_id: str) -> list[JobView]:
+        return [self._view(job) for job in self.store.list_jobs(app_id)]
+
+    def _view(self, job: OfflineJob) -> JobView:
+        total = job.total
+        if is_watch_source(job.source):
+            # A standing job: its inputs grow with every object, its markers never expire.
+            done, errors = self.store.job_progress(job.job_id)
+            total = self.store.job_item_count(job.job_id)
+        elif job.status is JobStatus.COMPLETED:
+            # The per-input markers may have expired by now; the record holds the final counts.
+            done, errors = job.done, job.errors
+        else:
+            done, errors = self.store.job_progress(job.job_id)
+        samples = self.store.job_errors(job.job_id, ERROR_SAMPLES) if errors else {}
+        return JobView(job, done, errors, samples, self.clock(), total)
+
+    # --- running ------------------------------------------------------------------------------------
+
+    def runner_config(self) -> RunnerConfig:
+        return RunnerConfig(
+            lease_s=self.settings.offline_lease_s,
+            max_rows=min(self.settings.offline_max_batch, self.settings.max_batch),
+            run_ms=self.settings.offline_run_ms,
+            max_input_bytes=self.settings.offline_max_input_bytes,
+            max_inputs=self.settings.offline_max_inputs,
+        )
+
+    def throttle_config(self) -> ThrottleConfig:
+        return ThrottleConfig(
+            pause_utilisation=self.settings.offline_pause_utilisation,
+            resume_utilisation=self.settings.offline_resume_utilisation,
+            pause_latency_ratio=self.settings.offline_pause_latency_ratio,
+            resume_latency_ratio=self.settings.offline_resume_latency_ratio,
+        )
+
+    def compute(self) -> Compute:
+        if self._invoker is None:
+            self._invoker = HttpWorkerInvoker()
+        return WorkerCompute(self.store, self.pools, self.live_workers, self._invoker, self.throttle_config())
+
+    def runner(self, config: RunnerConfig | None = None) -> JobRunner:
+        return JobRunner(
+            self.store,
+            self.objects,
+            self.compute(),
+            config or self.runner_config(),
+            variants=self.store.list_variants,
+            models=self.store.get_model,
+            clock=self.clock,
+        )
+
+    def run(self, job_id: str, deadline: float | None = None) -> RunReport:
+        return self.runner().run(job_id, deadline)
+
+    def resumable(self) -> list[str]:
+        """Unfinished jobs no runner holds: their runner crashed, or this process restarted."""
+        return [
+            job_id for job_id in self.store.unfinished_jobs() if self.store.job_lease_holder(job_id) is None
+        ]
+
+    def close(self) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
+        if self._invoker is not None:
+            self._invoker.close()
+
+
+__all__ = [
+    "ChildProcessRunner",
+    "JobLauncher",
+    "JobView",
+    "LambdaLauncher",
+    "OfflineService",
+    "RunOutcome",
+    "ThreadLauncher",
+    "Watch",
+]

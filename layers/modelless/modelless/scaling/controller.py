@@ -1,0 +1,248 @@
+"""The scaling function's logic: read load and state, solve the variant mix, apply it.
+
+Every tick: the recent query load per group (counted by the gateways) and the live workers
+(their loaded instances) become a ``ScalingProblem``; the exact solver (greedy when it runs out
+of time) gives the plan; the plan is applied through a pool provider. A pool's workers that
+report to the metadata store are its ready ones; those the provider has asked for but that do
+not report yet are starting: the plan's start-up bridge (``modelless.scaling.bridge``) says
+what the Lambda tier takes until they, and the plan's new instances, serve. Scaling up happens at
+once; scaling down waits until the plan has wanted fewer workers for a hold time of at least the
+pool's variants' load time (INFaaS §4.2.2), so a dip in load does not throw away warm instances.
+While workers move, queries keep flowing: selection skips workers that are gone and the
+dispatcher spills what the pools cannot take to the Lambda tier.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from modelless.load import LoadGroup
+from modelless.metadata.base import MetadataStore
+from modelless.pools.catalog import PoolKind, PoolSpec
+from modelless.pools.provider import PoolProvider
+from modelless.scaling.exact import solve_exact
+from modelless.scaling.problem import (
+    ScalingGroup,
+    ScalingPlan,
+    ScalingProblem,
+    ScalingVariant,
+    lambda_price_per_query,
+    one_instance_per_worker,
+    pool_from_spec,
+    variant_from_profile,
+)
+from modelless.types import VariantProfile
+
+Solver = Callable[[ScalingProblem, float], ScalingPlan]
+
+
+@dataclass(frozen=True)
+class ScalerConfig:
+    window_s: int = 30  # the load a plan is made for: the mean rate over this many seconds
+    slack: float = 0.2  # headroom over the measured load (INFaaS's slack threshold)
+    # INFaaS's λ (1/s): the objective is a rate, a load a one-off cost, so a load's cost is
+    # spread over the minute or so a plan holds (about the scale-down hold).
+    load_cost_weight: float = 1.0 / 60.0
+    time_limit_s: float = 1.0
+    min_hold_s: float = 30.0  # scale-down hold, at least; longer for slow-loading variants
+    min_workers: Mapping[str, int] = field(default_factory=dict)
+    max_workers: Mapping[str, int] = field(default_factory=dict)  # the pools to manage, and their caps
+    # infra.worker_server holds one session per variant: a second copy on one worker adds nothing.
+    one_instance_per_worker: bool = True
+    worker_startup_s: float = 60.0  # an EC2 worker, from the Auto Scaling call to serving
+    horizon_s: float = 60.0  # how long a plan holds (the bridge's one-off cost is spread over it)
+
+
+class ScaleDownHold:
+    """Scale-down hysteresis, one pool at a time: fewer workers only once the plan has wanted
+    fewer for ``hold_s`` without a break. Pure: the caller passes the clock."""
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+
+    def decide(self, pool: str, current: int, wanted: int, hold_s: float, now: float) -> int:
+        if wanted >= current:
+            self._since.pop(pool, None)
+            return wanted
+        first = self._since.setdefault(pool, now)
+        if now - first < hold_s:
+            return current
+        del self._since[pool]  # done: a later wish for fewer starts its own hold
+        return wanted
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one tick sees: the program, the load it was made for, the profiles of its variants,
+    and the instances running now per pool (variant id -> instances)."""
+
+    problem: ScalingProblem
+    load: dict[str, float]
+    profiles: dict[str, VariantProfile]
+    running: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class ScalingReport:
+    plan: ScalingPlan
+    load_qps: dict[str, float]  # group -> measured load
+    workers: dict[str, int]  # pool -> workers asked for after this tick
+    held: dict[str, tuple[int, int]]  # pool -> (kept, planned) where scale-down is on hold
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "solver": self.plan.solver,
+            "status": self.plan.status.value,
+            "solve_ms": round(self.plan.solve_seconds * 1000, 1),
+            "cost_per_hour": round(self.plan.cost_per_second * 3600, 4),
+            "load_qps": {g: round(q, 2) for g, q in self.load_qps.items()},
+            "workers": self.workers,
+            "held": {p: {"kept": k, "planned": w} for p, (k, w) in self.held.items()},
+            "lambda_qps": {g: round(q, 2) for g, q in self.plan.lambda_qps.items()},
+            "unmet": dict(self.plan.unmet),
+            "gap": None if self.plan.gap is None else round(self.plan.gap, 6),
+            "bridge": {
+                "qps": {g: round(q, 2) for g, q in self.plan.bridge_qps.items()},
+                "seconds": round(self.plan.bridge_s, 1),
+                "cost": self.plan.bridge_cost,
+            },
+        }
+
+
+class Scaler:
+    def __init__(
+        self,
+        store: MetadataStore,
+        provider: PoolProvider,
+        pools: Mapping[str, PoolSpec],
+        config: ScalerConfig,
+        solve: Solver = solve_exact,
+    ) -> None:
+        self._store = store
+        self._provider = provider
+        self._pools = pools
+        self._config = config
+        self._solve = solve
+        self._hold = ScaleDownHold()
+
+    def managed_pools(self) -> list[PoolSpec]:
+        return [
+            spec
+            for name, spec in self._pools.items()
+            if spec.kind is PoolKind.PROVISIONED and name in self._config.max_workers
+        ]
+
+    def build_problem(self, now: float) -> Snapshot:
+        """The program for the load of the last window, with what it was built from."""
+        load = self._store.recent_load(self._config.window_s, now)
+        groups: dict[str, tuple[LoadGroup, list[VariantProfile]]] = {}
+        for key in load:
+            group = LoadGroup.parse(key)
+            candidates = self._store.candidate_variants(group.app_id, group.min_accuracy, group.model_name)
+            groups[key] = (group, candidates)
+
+        running: dict[str, int] = defaultdict(int)
+        running_in: dict[str, dict[str, int]] = defaultdict(dict)  # pool -> variant -> instances
+        ready: dict[str, int] = defaultdict(int)  # pool -> workers that report: running
+        for worker in self._store.list_workers():
+            ready[worker.pool] += 1
+            for instance in worker.instances:
+                running[instance.variant_id] += 1
+                in_pool = running_in[worker.pool]
+                in_pool[instance.variant_id] = in_pool.get(instance.variant_id, 0) + 1
+
+        managed = {spec.name: spec for spec in self.managed_pools()}
+        scaling_groups = [
+            ScalingGroup(
+                id=key,
+                load_qps=load[key],
+                latency_budget_ms=group.latency_ms,
+                lambda_price_per_query=lambda_price_per_query(
+                    (v for v in candidates if self._is_lambda(v.pool)), group.latency_ms
+                ),
+            )
+            for key, (group, candidates) in groups.items()
+        ]
+        by_id = {g.id: g for g in scaling_groups}
+        eligible: dict[str, tuple[VariantProfile, list[ScalingGroup]]] = {}
+        for key, (_, candidates) in groups.items():
+            for profile in candidates:
+                if profile.pool in managed:
+                    eligible.setdefault(profile.variant_id, (profile, []))[1].append(by_id[key])
+        variants: list[ScalingVariant] = []
+        for profile, its_groups in eligible.values():
+            variant = variant_from_profile(
+                profile, managed[profile.pool], its_groups, running=running.get(profile.variant_id, 0)
+            )
+            if variant.saturation_qps:
+                variants.append(variant)
+        pools = []
+        for spec in managed.values():
+            size = self._provider.size(spec.name)
+            pools.append(
+                pool_from_spec(
+                    spec,
+                    min_workers=self._config.min_workers.get(spec.name, 0),
+                    max_workers=self._config.max_workers[spec.name],
+                    current_workers=size,
+                    ready_workers=min(size, ready.get(spec.name, 0)),  # a draining one still reports
+                    startup_s=self._config.worker_startup_s,
+                )
+            )
+        if self._config.one_instance_per_worker:
+            pools, variants = one_instance_per_worker(pools, variants)
+        problem = ScalingProblem(
+            variants=variants,
+            pools=pools,
+            groups=scaling_groups,
+            slack=self._config.slack,
+            load_cost_weight=self._config.load_cost_weight,
+            horizon_s=self._config.horizon_s,
+        )
+        profiles = {variant.id: eligible[variant.id][0] for variant in variants}
+        return Snapshot(problem, load, profiles, {pool: dict(v) for pool, v in running_in.items()})
+
+    def tick(self, now: float | None = None) -> ScalingReport:
+        now = time.time() if now is None else now
+        snapshot = self.build_problem(now)
+        problem = snapshot.problem
+        plan = self._solve(problem, self._config.time_limit_s)
+        workers: dict[str, int] = {}
+        held: dict[str, tuple[int, int]] = {}
+        for pool in problem.pools:
+            wanted = plan.workers.get(pool.name, 0)
+            load_times = [v.load_time_ms / 1000 for v in problem.variants if v.pool == pool.name]
+            hold_s = max([self._config.min_hold_s, *load_times])
+            decided = self._hold.decide(pool.name, pool.current_workers, wanted, hold_s, now)
+            if decided != wanted:
+                held[pool.name] = (decided, wanted)
+            workers[pool.name] = self._provider.scale(pool.name, decided)
+            planned = {variant: n for (variant, where), n in plan.instances.items() if where == pool.name}
+            self._provider.assign(
+                pool.name, self._held_instances(pool.name, planned, snapshot, now), snapshot.profiles
+            )
+        return ScalingReport(plan, snapshot.load, workers, held)
+
+    def _held_instances(
+        self, pool: str, planned: Mapping[str, int], snapshot: Snapshot, now: float
+    ) -> dict[str, int]:
+        """The plan's instances, except that an instance the plan no longer wants is kept for the
+        hold time (at least its variant's load time, INFaaS §4.2.2): a dip in load must not
+        throw away a warm instance that the next query would have to load again."""
+        running = snapshot.running.get(pool, {})
+        targets: dict[str, int] = {}
+        for variant_id in sorted(planned.keys() | running.keys()):
+            profile = snapshot.profiles.get(variant_id)
+            load_s = profile.load_latency_ms / 1000 if profile is not None else 0.0
+            hold_s = max(self._config.min_hold_s, load_s)
+            targets[variant_id] = self._hold.decide(
+                f"{pool}/{variant_id}", running.get(variant_id, 0), planned.get(variant_id, 0), hold_s, now
+            )
+        return {variant_id: count for variant_id, count in targets.items() if count > 0}
+
+    def _is_lambda(self, pool: str) -> bool:
+        spec = self._pools.get(pool)
+        return spec is not None and spec.kind is PoolKind.LAMBDA

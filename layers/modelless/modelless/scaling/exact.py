@@ -1,0 +1,970 @@
+"""The variant-mix program solved exactly: MILPs and LPs for HiGHS through ``scipy.optimize``.
+
+The program (DESIGN §5, INFaaS §4.2.1, conventions in :mod:`modelless.scaling.problem`): integer
+instances ``n[v]`` of each variant on its pool, integer workers ``w[p]``, load left to Lambda;
+minimise ``Σ price[p]·w[p] + Σ lambda_price[g]·l[g] + Σ λ·C[v]·T_load[v]·(new instances of v)``
+subject to covering each group's need, an instance's time shared among the groups it serves,
+``Σ R[v,r]·n[v] <= cap[p,r]·w[p]`` per pool and resource, ``n[v] <= k[v]·w[p]`` (k: copies per
+worker, 1 for the project's workers), and the pools' bounds.
+
+**Components and patterns** (:mod:`modelless.scaling.patterns`). The groups are coupled only
+through the pools. Groups linked by a variant that may serve both (an app's or a model's groups)
+form a *component*, and a component's share of a plan is a *pattern*: which instances serve it
+(a multiset of its variants, empty for Lambda alone), how their time is split among its groups
+(where it saves the most Lambda money: an LP, a fractional knapsack for one instance) and what
+is left to Lambda. A pattern's cost and resource use are constants, so the program becomes: one
+binary per pattern, ``Σ patterns of c = 1`` for every component c, the resource rows, integer
+workers. Its LP relaxation is the convex hull of each component's choices, much tighter than
+the program written per variant (INFaaS's form, :func:`solve_compact`): at 100 architectures
+of ``infra/bench_scaler.py`` the LP bound is 1-2 % below the optimum instead of 3 %, and HiGHS
+solves it in a fraction of a second where the compact program took 10-30 s. Patterns dominated
+by another of their component (no cheaper, no fewer resources, no fewer workers needed) are
+dropped: any plan can swap them out.
+
+Patterns hold one instance at first (up to ``MOST_INSTANCES`` where more may pay), and a plan
+may need more. The solver stays exact by proving that the rest cannot do better:
+
+1. *LP duality.* The pattern LP gives a price per unit of each pool resource (π) and per
+   component (its choice row's dual). Any way to serve c with more instances than its patterns
+   hold has reduced cost at least ``rho[c]``: those instances at the dual prices (at least
+   ``most + 1`` of them, and at least each group's need at its cheapest rate), less c's dual.
+   Where ``rho[c] < 0`` (another instance may pay), c gets its patterns of one instance more,
+   and the LP is solved again, until no ``rho`` is negative (or half the time is gone). Then
+   ``LB = (the LP's Lagrangian bound) + Σ_c min(0, rho[c])`` bounds every plan from below.
+2. *The plan.* The pattern MILP, with the time left (and, should HiGHS stop early, the LP's
+   solution rounded as a safety net).
+3. *The proof.* The same MILP with *stand-ins*: for each component, a few columns that relax
+   every way to serve it with more instances than its patterns hold (per set of pools: the least
+   resources and load cost such a way can use, the Lambda it cannot avoid; no fewer instances
+   than the groups Lambda may not serve need). It is a relaxation of the program: its optimum
+   bounds every plan. If it picks no stand-in, its plan is optimal. Where it picks one, the
+   component gets patterns of one instance more (up to ``MOST_INSTANCES``; so do the
+   components whose stand-ins the duals do not rule out, below), then its *block*: the
+   per-variant rows below, switched on by a binary ``m[c]`` in its choice row; and it is solved
+   again.
+
+*Reduced-cost fixing* keeps the proof small. The relaxation's LP (stand-ins included) gives
+duals and a Lagrangian bound ``D``; a plan that holds a way of positive reduced cost ``rc`` that
+the relaxation has no column for costs at least ``D + rc`` (the Lagrangian bound with that way
+as a column; the plan's other ways are columns, or have stand-ins that cost no more), so a way
+whose reduced cost exceeds ``UB - D`` (UB: the best plan's objective) is in no plan cheaper than
+the best one, nor is any way of a stand-in whose reduced cost does (a stand-in's is the least of
+its ways', as it uses no more resources and costs no more). Such stand-ins
+get no column in the proof's MILP, and such ways of one instance more get no pattern (their
+bound is checked before their split: their instances at the duals' prices and the Lambda money
+their rates cannot save). The MILP's optimum then bounds every plan cheaper than the best one,
+so ``min(UB, its bound)`` bounds every plan. (By induction over the rounds: take the first round
+that rules out a way of a plan; the plan's other ways were still in that round's relaxation.)
+The proof's MILP is told the best plan's objective as its cutoff (HiGHS's ``objective_bound``),
+so that HiGHS looks for nothing that is not cheaper: when it finds nothing, the best plan is
+optimal.
+
+The plan's ``lower_bound`` is the best of these bounds; its status is ``optimal`` once a bound
+meets it (within HiGHS's 0.01 % gap), ``time_limit`` when the deadline came first. The time limit
+is a deadline for the whole call: a proof's MILP is told a share of what is left (``HIGHS_SHARE``:
+HiGHS reads the clock between the phases of its search, not within them), and a proof round starts
+only where what is left covers its model and LP (``PROOF_COST`` times the first model's).
+
+A component's block (z are fractions of a group's need, so the rows are well scaled):
+
+- cover:   ``Σ_v z[v,g] + l[g] + u[g] >= m[c]``                    for every group g of c;
+- share:   ``Σ_g (need[g]/Q[v,g])·z[v,g] <= n[v]``                  for every variant v of c;
+- packing: ``n[v] <= k[v]·w[p(v)]`` where tighter than the resource rows;
+- loading: ``n[v] - s[v] <= running[v]`` (its cost on s; on n when nothing of v runs);
+- linking: ``z[v,g] <= n[v]`` where one instance serves all of g (a group that needs less than an
+  instance still needs a whole one: facility location);
+- count:   ``Σ_v n[v] + (need/r)·u[g] >= ceil(need/max Q)·m[c]`` for groups Lambda may not serve;
+- more instances than the patterns: ``Σ_v n[v] >= (most + 1)·m[c]``, and ``n[v] <= N[v]·m[c]``,
+  N[v] the instances that serve all of c's groups alone (more would serve nothing).
+
+The unmet columns ``u`` are fixed to 0; when the program is infeasible (not enough capacity
+anywhere, no Lambda) it is solved again with blocks only (every component, ``m = 1``: the
+compact program), the unmet columns freed, lexicographically: first the least total unmet QPS,
+then the cheapest plan that leaves no more than that unmet. When HiGHS finds no plan at all in
+time, the plan is the greedy's.
+
+The aggregate resource rows are a fluid relaxation of packing instances into workers: the plan
+is checked against a first-fit packing; where that needs more workers the plan takes them (and
+is no longer called optimal: its lower bound still holds), and where the pool's limit forbids
+them the instances that do not fit are dropped and their load goes to Lambda, or is unmet.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+from scipy.sparse import coo_array, vstack
+
+from modelless.scaling.bridge import finish_plan
+from modelless.scaling.greedy import solve_greedy
+from modelless.scaling.patterns import (
+    Component,
+    Pattern,
+    Prices,
+    components_of,
+    extend,
+    stand_ins,
+    usable_variants,
+    within,
+)
+from modelless.scaling.problem import (
+    EPS,
+    PlanStatus,
+    ScalingPlan,
+    ScalingProblem,
+    ScalingVariant,
+    first_fit_workers,
+    pack_within,
+)
+
+SOLVER = "milp"
+LP_SHARE = 0.25  # of the time limit, at most, for each of step 1's LPs
+MOST_INSTANCES = 4  # patterns hold up to this many instances; blocks and stand-ins, more
+PLAN_SHARE = 0.6  # of the time limit, at most, for step 2 (the plan)
+RESERVE_SHARE = 0.1  # of the time limit, kept for reading the plan (packing, bridge)
+EXTEND_SHARE = 0.2  # of the time limit, at least, left for another round of the proof
+# Of what is left for a proof's MILP, what HiGHS is told it may take: it reads the clock between
+# the phases of its search, and one phase can take a few tenths of a second on 500 architectures.
+# (The plan's MILP gets all of its share: without an incumbent, the plan is the LP's rounding.)
+HIGHS_SHARE = 0.6
+PROOF_COST = 4.0  # a proof round's model and LP, over the first model's and LP's time
+FALLBACK_SHARE = 0.15  # of the time limit, at most, for the greedy's improvement passes
+MIP_GAP = 1e-4  # HiGHS's default relative gap: what "optimal" means here
+CUTOFF_SLACK = 1e-9  # a proof round's cutoff: the best plan's objective, and rounding room
+
+# HiGHS status codes as scipy reports them.
+_OPTIMAL, _LIMIT, _INFEASIBLE = 0, 1, 2
+
+Vector = np.ndarray[Any, np.dtype[np.float64]]
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+class _Builder:
+    """Collects columns and sparse rows (COO triplets) without a dense matrix anywhere."""
+
+    def __init__(self) -> None:
+        self.c: list[float] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+        self.integer: list[int] = []
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.row_lower: list[float] = []
+        self.row_upper: list[float] = []
+
+    def column(self, cost: float, lower: float, upper: float, integer: bool) -> int:
+        self.c.append(cost)
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.integer.append(1 if integer else 0)
+        return len(self.c) - 1
+
+    def row(self, entries: Sequence[tuple[int, float]], lower: float, upper: float) -> int:
+        index = len(self.row_lower)
+        for col, value in entries:
+            if value != 0.0:
+                self.rows.append(index)
+                self.cols.append(col)
+                self.vals.append(value)
+        self.row_lower.append(lower)
+        self.row_upper.append(upper)
+        return index
+
+    def add(self, row: int, col: int, value: float) -> None:
+        if value != 0.0:
+            self.rows.append(row)
+            self.cols.append(col)
+            self.vals.append(value)
+
+
+@dataclass
+class _Model:
+    """The MILP in scipy's matrix form, plus the maps needed to read a solution back."""
+
+    c: Vector
+    lower: Vector
+    upper: Vector
+    integrality: np.ndarray[Any, np.dtype[np.int8]]
+    matrix: Any  # scipy sparse array (scipy is untyped)
+    row_lower: Vector
+    row_upper: Vector
+    scale: float  # objective coefficients were divided by this
+    w_cols: dict[int, int]  # pool index -> column of w[p]
+    pattern_cols: dict[int, Pattern]  # column -> pattern
+    n_cols: dict[int, int]  # variant index -> column of n[v] (blocks)
+    y_cols: dict[tuple[int, int], int]  # (variant, group) -> column of z[v,g]
+    l_cols: dict[int, int]  # group index -> column of l[g] (fraction of its need)
+    u_cols: dict[int, int]  # group index -> column of u[g] (fraction of its need)
+    stand_in_cols: dict[int, int]  # column -> component it stands in for
+    capacity_rows: dict[tuple[int, str], int]  # (pool index, resource) -> row
+    choice_rows: dict[int, int]  # component -> row of Σ patterns (+ m or stand-ins) = 1
+    blocks: frozenset[int]
+
+
+def _worker_bound(problem: ScalingProblem, pi: int, usable: Sequence[int]) -> float:
+    """w[p]'s upper bound: the pool's limit, or (WLOG) one worker per instance it could hold."""
+    pool = problem.pools[pi]
+    if pool.max_workers is not None:
+        return float(pool.max_workers)
+    needs = {g.id: problem.need(g) for g in problem.groups}
+    variants = (problem.variants[vi] for vi in usable)
+    most = sum(_instance_bound(v, needs) for v in variants if v.pool == pool.name)
+    return float(max(pool.min_workers, most))
+
+
+def _instance_bound(variant: ScalingVariant, needs: Mapping[str, float]) -> int:
+    """Instances of ``variant`` that serve all of its groups' need alone: more serve nothing."""
+    share = sum(needs[g] / q for g, q in variant.saturation_qps.items() if q > 0)
+    return max(1, math.ceil(share - 1e-9))
+
+
+def _build(
+    problem: ScalingProblem,
+    components: Sequence[Component],
+    usable: Sequence[int],
+    blocks: frozenset[int],
+    patterns: bool,
+    with_stand_ins: bool = False,
+) -> _Model:
+    """The program: patterns for every component (when ``patterns``), blocks for ``blocks``
+    (switched by m[c] when there are patterns; always on when not), and for the components
+    without a block, stand-ins for their blocks (when ``with_stand_ins``)."""
+    b = _Builder()
+    groups = problem.groups
+    needs = [problem.need(g) for g in groups]
+    pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
+    prices = [pool.price_per_worker_second for pool in problem.pools if pool.price_per_worker_second > 0]
+    # Objective coefficients in units of the cheapest worker: HiGHS's absolute gap tolerance
+    # would otherwise end the search at a 1%-wide gap on prices of ~1e-5 $/s.
+    scale = min(prices) if prices else 1.0
+
+    w_cols = {
+        pi: b.column(
+            pool.price_per_worker_second / scale,
+            float(pool.min_workers),
+            _worker_bound(problem, pi, usable),
+            True,
+        )
+        for pi, pool in enumerate(problem.pools)
+    }
+    capacity_rows: dict[tuple[int, str], int] = {}
+    for pi, pool in enumerate(problem.pools):
+        for resource, capacity in pool.capacity.items():
+            if capacity > 0:
+                capacity_rows[(pi, resource)] = b.row([(w_cols[pi], -1.0)], -math.inf, 0.0)
+
+    def use(col: int, variant: ScalingVariant, copies: int = 1) -> None:
+        pi = pool_index[variant.pool]
+        for resource, amount in variant.demand.items():
+            if amount > 0:
+                share = amount / problem.pools[pi].capacity[resource]
+                b.add(capacity_rows[(pi, resource)], col, copies * share)
+
+    pattern_cols: dict[int, Pattern] = {}
+    stand_in_cols: dict[int, int] = {}
+    choice_rows: dict[int, int] = {}
+    m_cols: dict[int, int] = {}
+    if patterns:
+        for ci, component in enumerate(components):
+            choice = choice_rows[ci] = b.row([], 1.0, 1.0)
+            weightless: dict[int, list[int]] = {}  # pool -> patterns whose variant demands nothing
+            for pattern in component.patterns:
+                col = b.column(pattern.cost / scale, 0.0, 1.0, True)
+                pattern_cols[col] = pattern
+                b.add(choice, col, 1.0)
+                for vi in set(pattern.instances):
+                    variant = problem.variants[vi]
+                    copies = pattern.instances.count(vi)
+                    use(col, variant, copies)
+                    if not any(amount > 0 for amount in variant.demand.values()):
+                        weightless.setdefault(pool_index[variant.pool], []).append(col)
+                    if copies > 1 and copies > problem.per_worker(variant):  # copies <= k·w
+                        per_worker = float(problem.per_worker(variant))
+                        w_col = w_cols[pool_index[variant.pool]]
+                        b.row([(col, float(copies)), (w_col, -per_worker)], -math.inf, 0.0)
+            if ci in blocks:
+                m_cols[ci] = b.column(0.0, 0.0, 1.0, True)
+                b.add(choice, m_cols[ci], 1.0)
+            elif with_stand_ins:
+                for stand_in in stand_ins(problem, component, pool_index):
+                    col = b.column(stand_in.cost / scale, 0.0, 1.0, True)
+                    stand_in_cols[col] = ci
+                    b.add(choice, col, 1.0)
+                    for pi, usage in stand_in.usage.items():
+                        for resource, amount in usage.items():
+                            b.add(capacity_rows[(pi, resource)], col, amount)
+                        if not usage:
+                            weightless.setdefault(pi, []).append(col)
+            # An instance needs a worker: the resource rows and w's integrality say so, unless a
+            # variant demands nothing (the row would tighten the LP, but it doubles HiGHS's time).
+            for pi, cols in weightless.items():
+                b.row([(col, 1.0) for col in cols] + [(w_cols[pi], -1.0)], -math.inf, 0.0)
+
+    n_cols: dict[int, int] = {}
+    y_cols: dict[tuple[int, int], int] = {}
+    l_cols: dict[int, int] = {}
+    u_cols: dict[int, int] = {}
+    group_index = {g.id: gi for gi, g in enumerate(groups)}
+    need_of = {g.id: need for g, need in zip(groups, needs, strict=True)}
+    for ci in sorted(blocks):
+        component = components[ci]
+        switch = m_cols.get(ci)  # None: the block is always on
+        serving: dict[int, list[tuple[int, int, float]]] = {gi: [] for gi in component.groups}
+        for vi in component.variants:
+            variant = problem.variants[vi]
+            pi = pool_index[variant.pool]
+            bound = float(_instance_bound(variant, need_of))
+            load_cost = problem.load_cost(variant) / scale
+            fresh_cost = load_cost if variant.running == 0 else 0.0
+            n_cols[vi] = col = b.column(fresh_cost, 0.0, bound, True)
+            use(col, variant)
+            if switch is not None:
+                b.row([(col, 1.0), (switch, -bound)], -math.inf, 0.0)
+            per_worker = problem.per_worker(variant)
+            if per_worker < problem.fluid_per_worker(variant) - 1e-9:
+                b.row([(col, 1.0), (w_cols[pi], -float(per_worker))], -math.inf, 0.0)
+            if variant.running > 0 and load_cost > 0:
+                s_col = b.column(load_cost, 0.0, bound, False)
+                b.row([(col, 1.0), (s_col, -1.0)], -math.inf, float(variant.running))
+            share: list[tuple[int, float]] = []
+            for group_id, q in variant.saturation_qps.items():
+                gi = group_index[group_id]
+                if q > 0 and needs[gi] > EPS:
+                    y_cols[(vi, gi)] = y = b.column(0.0, 0.0, 1.0, False)
+                    share.append((y, needs[gi] / q))
+                    serving[gi].append((vi, y, q))
+                    if needs[gi] < q:  # linking
+                        b.row([(y, 1.0), (col, -1.0)], -math.inf, 0.0)
+            b.row([*share, (col, -1.0)], -math.inf, 0.0)
+        for gi in component.groups:
+            price = problem.lambda_price(groups[gi])
+            entries = [(y, 1.0) for _, y, _ in serving[gi]]
+            if price is not None:
+                l_cols[gi] = b.column(price * needs[gi] / scale, 0.0, 1.0, False)
+                entries.append((l_cols[gi], 1.0))
+            u_cols[gi] = b.column(0.0, 0.0, 0.0, False)
+            entries.append((u_cols[gi], 1.0))
+            if switch is None:
+                b.row(entries, 1.0, math.inf)
+            else:
+                b.row([*entries, (switch, -1.0)], 0.0, math.inf)
+            # count: k-1 instances of the fastest leave at least r unmet.
+            if price is None and serving[gi]:
+                best = max(q for _, _, q in serving[gi])
+                least = math.ceil(needs[gi] / best - 1e-9)
+                remainder = needs[gi] - (least - 1) * best
+                count = [(n_cols[vi], 1.0) for vi, _, _ in serving[gi]]
+                count.append((u_cols[gi], needs[gi] / remainder))
+                if switch is None:
+                    b.row(count, float(least), math.inf)
+                else:
+                    b.row([*count, (switch, -float(least))], 0.0, math.inf)
+        if switch is not None:  # the patterns hold up to ``most`` instances: the block, more
+            more = float(component.most + 1)
+            b.row([(n_cols[vi], 1.0) for vi in component.variants] + [(switch, -more)], 0.0, math.inf)
+
+    shape = (len(b.row_lower), len(b.c))
+    matrix = coo_array((b.vals, (b.rows, b.cols)), shape=shape).tocsr()
+    return _Model(
+        c=np.asarray(b.c, dtype=np.float64),
+        lower=np.asarray(b.lower, dtype=np.float64),
+        upper=np.asarray(b.upper, dtype=np.float64),
+        integrality=np.asarray(b.integer, dtype=np.int8),
+        matrix=matrix,
+        row_lower=np.asarray(b.row_lower, dtype=np.float64),
+        row_upper=np.asarray(b.row_upper, dtype=np.float64),
+        scale=scale,
+        w_cols=w_cols,
+        pattern_cols=pattern_cols,
+        n_cols=n_cols,
+        y_cols=y_cols,
+        l_cols=l_cols,
+        u_cols=u_cols,
+        stand_in_cols=stand_in_cols,
+        capacity_rows=capacity_rows,
+        choice_rows=choice_rows,
+        blocks=blocks,
+    )
+
+
+# ----------------------------------------------------------------------------- solving
+
+
+def _milp(
+    model: _Model,
+    c: Vector,
+    upper: Vector,
+    time_limit_s: float,
+    extra_row: tuple[Vector, float] | None = None,
+    cutoff: float | None = None,
+) -> Any:
+    """HiGHS on the model. ``cutoff``: HiGHS's ``objective_bound``, so that it prunes every node
+    that cannot beat it (a proof round knows the best plan's objective: it needs no solution
+    that is not cheaper). What it returns above the cutoff only says that none is below it."""
+    constraints = []
+    if model.matrix.shape[0]:
+        constraints.append(LinearConstraint(model.matrix, model.row_lower, model.row_upper))
+    if extra_row is not None:
+        coefficients, bound = extra_row
+        constraints.append(LinearConstraint(coefficients.reshape(1, -1), -np.inf, bound))
+    options: dict[str, Any] = {"time_limit": max(time_limit_s, 0.01), "disp": False}
+    if cutoff is None:
+        return milp(
+            c,
+            integrality=model.integrality,
+            bounds=Bounds(model.lower, upper),
+            constraints=constraints,
+            options=options,
+        )
+    with warnings.catch_warnings():  # scipy passes the option to HiGHS, and warns that it does
+        warnings.filterwarnings("ignore", message="Unrecognized options", category=RuntimeWarning)
+        return milp(
+            c,
+            integrality=model.integrality,
+            bounds=Bounds(model.lower, upper),
+            constraints=constraints,
+            options={**options, "objective_bound": cutoff},
+        )
+
+
+@dataclass
+class _Duals:
+    bound: float  # the LP's Lagrangian bound, scaled units
+    capacity: dict[tuple[int, str], float]  # π >= 0 per (pool, resource) row
+    choice: dict[int, float]  # per component, its choice row's dual
+    x: Vector  # the LP's solution
+    reduced: Vector  # its reduced costs
+    scale: float  # the model's objective scale
+
+
+def _lp_duals(model: _Model, time_limit_s: float) -> _Duals | None:
+    """The LP relaxation's duals, and the Lagrangian bound they prove (computed here from the
+    duals and the column bounds, so that it holds whatever HiGHS's own tolerances)."""
+    matrix = model.matrix
+    equal = model.row_lower == model.row_upper
+    upper_rows = np.isfinite(model.row_upper) & ~equal
+    lower_rows = np.isfinite(model.row_lower) & ~equal
+    a_ub = vstack([matrix[np.flatnonzero(upper_rows)], -matrix[np.flatnonzero(lower_rows)]]).tocsr()
+    b_ub = np.concatenate([model.row_upper[upper_rows], -model.row_lower[lower_rows]])
+    a_eq = matrix[np.flatnonzero(equal)]
+    b_eq = model.row_lower[equal]
+    result = linprog(
+        model.c,
+        A_ub=a_ub if a_ub.shape[0] else None,
+        b_ub=b_ub if a_ub.shape[0] else None,
+        A_eq=a_eq if a_eq.shape[0] else None,
+        b_eq=b_eq if a_eq.shape[0] else None,
+        bounds=np.column_stack([model.lower, model.upper]),
+        method="highs",
+        options={"time_limit": max(time_limit_s, 0.01)},
+    )
+    if result.status != 0:
+        return None
+    y_ub = np.zeros(0)
+    if a_ub.shape[0]:  # a <= row's multiplier is never positive (rounding aside)
+        y_ub = np.minimum(np.asarray(result.ineqlin.marginals, dtype=np.float64), 0.0)
+    y_eq = np.asarray(result.eqlin.marginals, dtype=np.float64) if a_eq.shape[0] else np.zeros(0)
+    reduced = model.c.copy()
+    if a_ub.shape[0]:
+        reduced -= a_ub.T @ y_ub
+    if a_eq.shape[0]:
+        reduced -= a_eq.T @ y_eq
+    bound = float(b_ub @ y_ub + b_eq @ y_eq)
+    bound += float(np.sum(np.where(reduced >= 0, reduced * model.lower, reduced * model.upper)))
+    price = np.zeros(matrix.shape[0])
+    price[np.flatnonzero(upper_rows)] = -y_ub[: int(upper_rows.sum())]
+    price[np.flatnonzero(equal)] = y_eq
+    return _Duals(
+        bound=bound,
+        capacity={key: float(price[row]) for key, row in model.capacity_rows.items()},
+        choice={ci: float(price[row]) for ci, row in model.choice_rows.items()},
+        x=np.asarray(result.x, dtype=np.float64),
+        reduced=reduced,
+        scale=model.scale,
+    )
+
+
+def _rounded(problem: ScalingProblem, model: _Model, lp_x: Vector) -> Vector | None:
+    """A plan from the LP's solution: each component's likeliest pattern, and the workers that
+    hold them (in aggregate: the plan's packing is checked later). None where a component has
+    a block (nothing to round there simply) or a pool would go over its limit. A safety net
+    for a MILP stopped early with a poor incumbent."""
+    if model.blocks:
+        return None
+    x = np.zeros_like(model.c)
+    best: dict[int, tuple[float, int]] = {}
+    for col, pattern in model.pattern_cols.items():
+        if pattern.component not in best or lp_x[col] > best[pattern.component][0]:
+            best[pattern.component] = (float(lp_x[col]), col)
+    for _, col in best.values():
+        x[col] = 1.0
+    usage = model.matrix @ x  # capacity rows: Σ usage (w still 0)
+    for pi, col in model.w_cols.items():
+        rows = [row for (p, _), row in model.capacity_rows.items() if p == pi]
+        need = max([problem.pools[pi].min_workers, *(math.ceil(usage[row] - 1e-9) for row in rows)])
+        if need > model.upper[col]:
+            return None
+        x[col] = need
+    rows = model.matrix @ x
+    if np.any(rows < model.row_lower - 1e-9) or np.any(rows > model.row_upper + 1e-9):
+        return None  # e.g. two copies of a variant that one worker cannot hold
+    return x
+
+
+def _block_bounds(
+    problem: ScalingProblem, components: Sequence[Component], model: _Model, duals: _Duals
+) -> dict[int, float]:
+    """rho[c] for each component without a block: a lower bound on the reduced cost of any way of
+    serving it with two or more instances (module docstring), scaled units."""
+    pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
+    reduced: dict[int, float] = {}
+    for ci, component in enumerate(components):
+        if ci in model.blocks or ci not in duals.choice:
+            continue
+        price: dict[int, float] = {}  # variant -> an instance's price at the duals' prices
+        for vi in component.variants:
+            variant = problem.variants[vi]
+            pi = pool_index[variant.pool]
+            price[vi] = sum(
+                duals.capacity.get((pi, r), 0.0) * amount / problem.pools[pi].capacity[r]
+                for r, amount in variant.demand.items()
+                if amount > 0
+            )
+            if variant.running == 0:
+                price[vi] += problem.load_cost(variant) / model.scale
+        # Two instances at least; and each group's need, served at its cheapest rate (an
+        # instance's time is paid once, whichever groups share it), or left to Lambda.
+        covering = unavoidable = 0.0
+        for gi in component.groups:
+            group = problem.groups[gi]
+            need = problem.need(group)
+            lambda_price = problem.lambda_price(group)
+            rates = [
+                price[vi] / q
+                for vi in component.variants
+                if (q := problem.variants[vi].saturation_qps.get(group.id, 0.0)) > 0
+            ]
+            if not rates:
+                unavoidable += (lambda_price or 0.0) * need / model.scale
+            if lambda_price is not None:
+                rates.append(lambda_price / model.scale)
+            covering += need * min(rates)
+        more = component.most + 1  # instances a plan beyond the patterns holds, at least
+        least = max(more * min(price.values(), default=0.0) + unavoidable, covering)
+        reduced[ci] = least - duals.choice[ci]
+    return reduced
+
+
+def _lagrangian_bound(
+    problem: ScalingProblem,
+    components: Sequence[Component],
+    duals: _Duals,
+    reduced: Mapping[int, float],
+) -> float:
+    """What every plan costs at least (module docstring, step 1), scaled units: where ``rho`` is
+    negative, the least reduced cost of the component's stand-ins bounds its ways too, often
+    more tightly (every way of it is at least as dear as one of its stand-ins)."""
+    pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
+    bound = duals.bound
+    for ci, rho in reduced.items():
+        if rho >= 0:
+            continue
+        standing = (
+            stand_in.cost / duals.scale
+            + sum(
+                duals.capacity.get((pi, r), 0.0) * amount
+                for pi, usage in stand_in.usage.items()
+                for r, amount in usage.items()
+            )
+            for stand_in in stand_ins(problem, components[ci], pool_index)
+        )
+        bound += min(0.0, max(rho, min(standing, default=math.inf) - duals.choice[ci]))
+    return bound
+
+
+@dataclass
+class _Attempt:
+    """One MILP's outcome in scaled units: status, solution and HiGHS's dual bound."""
+
+    status: int
+    x: Vector | None
+    value: float | None
+    dual_bound: float | None
+    message: str
+
+
+def _attempt(
+    model: _Model, time_limit_s: float, upper: Vector | None = None, cutoff: float | None = None
+) -> _Attempt:
+    """One MILP. With a ``cutoff``, a solution above it (or none at all, once the search is
+    done) proves only that nothing is cheaper than the cutoff: it comes back as no solution,
+    with the cutoff as the bound."""
+    result = _milp(model, model.c, model.upper if upper is None else upper, time_limit_s, cutoff=cutoff)
+    x = None if result.x is None else np.asarray(result.x, dtype=np.float64)
+    value = None if result.fun is None else float(result.fun)
+    dual = getattr(result, "mip_dual_bound", None)
+    if result.status == _OPTIMAL and value is not None:
+        dual = value if dual is None else min(float(dual), value)
+    if cutoff is not None:
+        done = result.status in (_OPTIMAL, _INFEASIBLE)
+        if value is not None and value > cutoff:
+            x = value = None
+        if done and x is None:
+            return _Attempt(_OPTIMAL, None, None, cutoff, str(result.message))
+        if dual is not None:
+            dual = min(float(dual), cutoff)
+    return _Attempt(result.status, x, value, None if dual is None else float(dual), str(result.message))
+
+
+def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPlan:
+    """The cheapest plan (DESIGN §5). Never raises on an infeasible problem: it returns the plan
+    that serves the most load, status ``infeasible_partial``, with ``unmet`` saying why.
+
+    ``time_limit_s`` is a deadline for the whole call (see the module docstring)."""
+    started = time.perf_counter()
+    deadline = started + time_limit_s
+
+    def left() -> float:
+        return _until(deadline, time_limit_s)
+
+    usable = usable_variants(problem)
+    components = components_of(problem, usable)
+    forced = frozenset(ci for ci, component in enumerate(components) if not component.patterns)
+
+    # 1. What every plan costs at least, by LP duality; and where another instance may pay,
+    #    patterns of one instance more (then the LP again), until none may.
+    modelled = time.perf_counter()
+    model = _build(problem, components, usable, forced, patterns=True)
+    if model.c.size == 0:  # no pool and no load: nothing to decide (HiGHS takes no empty LP)
+        return finish_plan(problem, {}, {}, {}, {}, {}, SOLVER, PlanStatus.OPTIMAL, started, (), 0.0)
+    duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
+    # What a proof round costs at least: its model (several times this one) and its LP.
+    round_cost = PROOF_COST * (time.perf_counter() - modelled)
+    lower = -math.inf
+    while duals is not None:
+        reduced = _block_bounds(problem, components, model, duals)
+        lower = max(lower, _lagrangian_bound(problem, components, duals, reduced))
+        paying = [ci for ci, r in reduced.items() if r < 0]
+        if not paying or deadline - time.perf_counter() < time_limit_s / 2:  # else the plan first
+            break
+        forced = forced | _grow(problem, components, paying)
+        model = _build(problem, components, usable, forced, patterns=True)
+        duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
+
+    # 2. The plan: patterns, and blocks where a component has no pattern.
+    first = _attempt(model, min(left(), PLAN_SHARE * time_limit_s))
+    if first.status == _INFEASIBLE:
+        return _complete(problem, components, usable, started, deadline, time_limit_s)
+    rounded = None if duals is None or first.status == _OPTIMAL else _rounded(problem, model, duals.x)
+    if rounded is not None and (first.value is None or float(model.c @ rounded) < first.value):
+        first = _Attempt(first.status, rounded, float(model.c @ rounded), None, first.message)
+    if first.x is None or first.value is None:
+        why = f"time limit of {time_limit_s:g} s reached" if first.status == _LIMIT else first.message
+        bound = None if lower == -math.inf else lower * model.scale
+        return _fallback(problem, started, deadline, time_limit_s, bound, why)
+    best_model, best_x, best_value = model, first.x, first.value
+
+    # 3. The proof, while time is left: stand-ins for the blocks, true blocks where picked.
+    blocks = forced
+    proven = first.status == _OPTIMAL and lower >= best_value * (1 - MIP_GAP)
+    while not proven and deadline - RESERVE_SHARE * time_limit_s - time.perf_counter() > round_cost:
+        relaxed = _build(problem, components, usable, blocks, patterns=True, with_stand_ins=True)
+        # Its LP: a bound, and the duals that price the ways no plan cheaper than the best one
+        # can hold (the stand-ins for them need no column: module docstring).
+        lp = _lp_duals(relaxed, min(left(), LP_SHARE * time_limit_s))
+        upper = relaxed.upper
+        prices: Prices | None = None
+        if lp is not None:  # a bound on every plan cheaper than the best (ways ruled out before)
+            lower = max(lower, min(lp.bound, best_value))
+            if lower >= best_value * (1 - MIP_GAP):
+                proven = True
+                break
+            prices = Prices(lp.capacity, lp.choice, relaxed.scale, best_value - lp.bound)
+            upper = upper.copy()
+            for col in relaxed.stand_in_cols:
+                if lp.reduced[col] > within(prices.slack):
+                    upper[col] = 0.0
+        cutoff = best_value * (1 + CUTOFF_SLACK) + CUTOFF_SLACK
+        result = _attempt(relaxed, HIGHS_SHARE * left(), upper, cutoff)
+        if result.dual_bound is not None:  # a relaxation of every plan cheaper than the best
+            lower = max(lower, min(result.dual_bound, best_value))
+        if result.status == _OPTIMAL and result.x is None:  # nothing cheaper than the best plan
+            proven = True
+            break
+        if result.x is None or result.value is None:
+            break
+        picked = _stand_ins_used(relaxed, result.x)
+        if not picked and result.value < best_value:
+            best_model, best_x, best_value = relaxed, result.x, result.value
+        if result.status != _OPTIMAL:
+            break
+        if not picked:
+            proven = True
+            break
+        if deadline - time.perf_counter() < (RESERVE_SHARE + EXTEND_SHARE) * time_limit_s:
+            break  # no time to extend the patterns and solve again
+        # Picked stand-ins: patterns of one instance more, or the true blocks. So do the
+        # components whose stand-ins the duals did not rule out (they could be picked next:
+        # one at a time took a MILP per component); their new patterns, only those the duals
+        # do not rule out either.
+        chosen = set(picked)
+        chosen |= {ci for col, ci in relaxed.stand_in_cols.items() if upper[col] > 0}
+        blocks = blocks | _grow(problem, components, chosen, prices)
+    if first.status == _OPTIMAL and lower >= best_value * (1 - MIP_GAP):
+        proven = True
+    status = PlanStatus.OPTIMAL if proven else PlanStatus.TIME_LIMIT
+    notes = [] if proven else [f"milp: time limit of {time_limit_s:g} s reached before optimality was proven"]
+    bound = None if lower == -math.inf else lower * model.scale
+    return _plan(problem, best_model, best_x, status, started, notes, bound)
+
+
+def _grow(
+    problem: ScalingProblem,
+    components: Sequence[Component],
+    chosen: Iterable[int],
+    prices: Prices | None = None,
+) -> set[int]:
+    """Patterns of one instance more for the ``chosen`` components (with ``prices``, those the
+    duals do not rule out); returns those that get their block instead (``MOST_INSTANCES``
+    reached, or too many ways to pick the instances)."""
+    full = {ci for ci in chosen if components[ci].most >= MOST_INSTANCES}
+    return full | extend(problem, components, [ci for ci in chosen if ci not in full], prices)
+
+
+def _stand_ins_used(model: _Model, x: Vector) -> frozenset[int]:
+    """Components whose stand-in for two or more instances the solution picked."""
+    return frozenset(ci for col, ci in model.stand_in_cols.items() if x[col] > 0.5)
+
+
+def _until(deadline: float, time_limit_s: float) -> float:
+    """What one step may take: what is left before the deadline, less the reserve."""
+    return max(0.01, deadline - RESERVE_SHARE * time_limit_s - time.perf_counter())
+
+
+def solve_compact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPlan:
+    """The program as INFaaS writes it: one compact block per component, no patterns. The
+    reference the pattern program is checked against (tests, ``infra/bench_scaler.py``); much
+    slower beyond a few dozen architectures. ``time_limit_s`` is a deadline, as in solve_exact."""
+    started = time.perf_counter()
+    usable = usable_variants(problem)
+    components = components_of(problem, usable)
+    return _complete(problem, components, usable, started, started + time_limit_s, time_limit_s)
+
+
+def _complete(
+    problem: ScalingProblem,
+    components: Sequence[Component],
+    usable: Sequence[int],
+    started: float,
+    deadline: float,
+    time_limit_s: float,
+) -> ScalingPlan:
+    """Blocks for every component, no patterns: the program as INFaaS writes it. For problems
+    the patterns cannot serve, and for partial plans when nothing can serve everything."""
+    model = _build(problem, components, usable, frozenset(range(len(components))), patterns=False)
+    result = _attempt(model, _until(deadline, time_limit_s))
+    if result.status == _OPTIMAL and result.x is not None:
+        lower = None if result.dual_bound is None else result.dual_bound * model.scale
+        return _plan(problem, model, result.x, PlanStatus.OPTIMAL, started, [], lower)
+    if result.status != _INFEASIBLE:
+        return _fallback(problem, started, deadline, time_limit_s, None, result.message)
+
+    # Infeasible: free the unmet columns, find the least unmet load, then the cheapest plan that
+    # leaves no more than that unmet.
+    upper = model.upper.copy()
+    unmet_mask = np.zeros_like(model.c)
+    for gi, col in model.u_cols.items():
+        upper[col] = 1.0
+        unmet_mask[col] = problem.need(problem.groups[gi])
+    least = _milp(model, unmet_mask, upper, _until(deadline, time_limit_s))
+    if least.status != _OPTIMAL:
+        return _fallback(
+            problem,
+            started,
+            deadline,
+            time_limit_s,
+            None,
+            f"infeasible, and the partial plan search stopped: {least.message}",
+            PlanStatus.INFEASIBLE_PARTIAL,
+        )
+    bound = float(least.fun) * (1 + 1e-9) + 1e-7
+    cheapest = _milp(model, model.c, upper, _until(deadline, time_limit_s), (unmet_mask, bound))
+    if cheapest.status == _OPTIMAL or (cheapest.status == _LIMIT and cheapest.x is not None):
+        notes = [] if cheapest.status == _OPTIMAL else ["time limit reached while pricing the partial plan"]
+        return _plan(problem, model, cheapest.x, PlanStatus.INFEASIBLE_PARTIAL, started, notes, None)
+    notes = ["partial plan not priced"]
+    return _plan(problem, model, least.x, PlanStatus.INFEASIBLE_PARTIAL, started, notes, None)
+
+
+# ----------------------------------------------------------------------------- reading a plan
+
+
+def _read(
+    problem: ScalingProblem, model: _Model, x: Vector
+) -> tuple[
+    dict[tuple[str, str], int],
+    dict[str, int],
+    dict[str, float],
+    dict[tuple[str, str], float],
+    dict[str, float],
+]:
+    """instances, workers, lambda QPS, served QPS and unmet QPS from a solution vector."""
+    groups = problem.groups
+    instances: dict[tuple[str, str], int] = {}
+    served: dict[tuple[str, str], float] = {}
+    lambda_qps: dict[str, float] = {}
+
+    def add(mapping: dict[Any, float], key: Any, value: float) -> None:
+        if value > EPS:
+            mapping[key] = mapping.get(key, 0.0) + value
+
+    for col, pattern in model.pattern_cols.items():
+        if x[col] < 0.5:
+            continue
+        for vi in pattern.instances:
+            variant = problem.variants[vi]
+            key = (variant.id, variant.pool)
+            instances[key] = instances.get(key, 0) + 1
+        for (vi, gi), qps in pattern.served.items():
+            add(served, (problem.variants[vi].id, groups[gi].id), qps)
+        for gi, qps in pattern.to_lambda.items():
+            add(lambda_qps, groups[gi].id, qps)
+    for vi, col in model.n_cols.items():
+        count = round(float(x[col]))
+        if count > 0:
+            variant = problem.variants[vi]
+            key = (variant.id, variant.pool)
+            instances[key] = instances.get(key, 0) + count
+    for (vi, gi), col in model.y_cols.items():
+        variant, group = problem.variants[vi], groups[gi]
+        add(served, (variant.id, group.id), float(x[col]) * problem.need(group))
+    for gi, col in model.l_cols.items():
+        add(lambda_qps, groups[gi].id, float(x[col]) * problem.need(groups[gi]))
+    unmet: dict[str, float] = {}
+    for gi, col in model.u_cols.items():
+        add(unmet, groups[gi].id, float(x[col]) * problem.need(groups[gi]))
+    workers = {problem.pools[pi].name: round(float(x[col])) for pi, col in model.w_cols.items()}
+    return instances, workers, lambda_qps, served, unmet
+
+
+def _plan(
+    problem: ScalingProblem,
+    model: _Model,
+    x: Vector,
+    status: PlanStatus,
+    started: float,
+    notes: list[str],
+    lower_bound: float | None,
+) -> ScalingPlan:
+    instances, workers, lambda_qps, served, unmet = _read(problem, model, x)
+    status = _pack(problem, instances, workers, lambda_qps, served, unmet, notes, status)
+    if unmet:
+        status = PlanStatus.INFEASIBLE_PARTIAL
+    return finish_plan(
+        problem, instances, workers, lambda_qps, served, unmet, SOLVER, status, started, notes, lower_bound
+    )
+
+
+def _pack(
+    problem: ScalingProblem,
+    instances: dict[tuple[str, str], int],
+    workers: dict[str, int],
+    lambda_qps: dict[str, float],
+    served: dict[tuple[str, str], float],
+    unmet: dict[str, float],
+    notes: list[str],
+    status: PlanStatus,
+) -> PlanStatus:
+    """Check the worker counts against a first-fit packing (module docstring). An optimal plan
+    whose packing needs more workers is optimal no longer: it says so, and becomes feasible."""
+    by_id = {v.id: v for v in problem.variants}
+    for pool in problem.pools:
+        members = (v for v in problem.variants if v.pool == pool.name)
+        items = [v for v in members for _ in range(instances.get((v.id, v.pool), 0))]
+        packed = first_fit_workers(pool, items) if items else 0
+        if packed is None or packed <= workers[pool.name]:
+            continue
+        if pool.max_workers is None or packed <= pool.max_workers:
+            notes.append(f"{pool.name}: first-fit packing needs {packed} workers, not {workers[pool.name]}")
+            workers[pool.name] = packed
+        else:
+            left_out = pack_within(pool, items, pool.max_workers)
+            workers[pool.name] = pool.max_workers
+            dropped: dict[str, int] = {}
+            for variant in left_out:
+                dropped[variant.id] = dropped.get(variant.id, 0) + 1
+            for variant_id, count in dropped.items():
+                _drop(problem, by_id[variant_id], count, instances, lambda_qps, served, unmet)
+            notes.append(
+                f"{pool.name}: {len(left_out)} instances do not fit {pool.max_workers} workers by "
+                "first-fit packing; their load goes to Lambda or is unmet"
+            )
+        if status is PlanStatus.OPTIMAL:
+            status = PlanStatus.FEASIBLE
+    return status
+
+
+def _drop(
+    problem: ScalingProblem,
+    variant: ScalingVariant,
+    count: int,
+    instances: dict[tuple[str, str], int],
+    lambda_qps: dict[str, float],
+    served: dict[tuple[str, str], float],
+    unmet: dict[str, float],
+) -> None:
+    """Remove ``count`` instances of ``variant``; what they served goes to Lambda, or is unmet."""
+    key = (variant.id, variant.pool)
+    before = instances.get(key, 0)
+    after = before - count
+    if after > 0:
+        instances[key] = after
+    else:
+        instances.pop(key, None)
+    groups = {g.id: g for g in problem.groups}
+    used = sum(qps / variant.saturation_qps[g] for (v, g), qps in served.items() if v == variant.id)
+    keep = 1.0 if used <= after + EPS else after / used
+    for (v, group_id), qps in list(served.items()):
+        if v != variant.id or keep >= 1.0:
+            continue
+        moved = qps * (1.0 - keep)
+        if keep * qps > EPS:
+            served[(v, group_id)] = keep * qps
+        else:
+            del served[(v, group_id)]
+        target = lambda_qps if problem.lambda_price(groups[group_id]) is not None else unmet
+        target[group_id] = target.get(group_id, 0.0) + moved
+
+
+def _fallback(
+    problem: ScalingProblem,
+    started: float,
+    deadline: float,
+    time_limit_s: float,
+    lower_bound: float | None,
+    why: str,
+    status: PlanStatus = PlanStatus.TIME_LIMIT,
+) -> ScalingPlan:
+    """The greedy's plan when HiGHS found none in time. Its improvement passes get what is left
+    of the deadline (its first pass runs whatever the time)."""
+    budget = max(0.0, deadline - time.perf_counter())
+    greedy = solve_greedy(problem, improve_budget_s=min(budget, FALLBACK_SHARE * time_limit_s))
+    if greedy.unmet_qps:
+        status = PlanStatus.INFEASIBLE_PARTIAL
+    return replace(
+        greedy,
+        status=status,
+        solve_seconds=time.perf_counter() - started,
+        notes=(*greedy.notes, f"milp: {why}; plan from {greedy.solver}"),
+        lower_bound=None if lower_bound is None else min(lower_bound, greedy.objective),
+    )

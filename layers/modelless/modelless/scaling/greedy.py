@@ -1,0 +1,268 @@
+"""The greedy heuristic (INFaaS §4.2.2), adapted to the whole decision.
+
+INFaaS's Model-Autoscaler compares, for the load it must absorb, replicating the running
+variant against upgrading or downgrading to another, and picks the cheapest by the ILP's own
+objective. Here the same idea runs over every group at once, in milliseconds:
+
+1. Groups go strictest budget first (fewest variants qualify for them; the fast instances they
+   get often have room left for laxer groups), larger load first within a budget.
+2. A group first takes spare capacity on instances already placed for earlier groups (free).
+3. Then it adds instances one at a time. While the load left would fill a whole instance, it
+   adds the variant with the lowest cost per served QPS (instance price, plus the load-cost term
+   when the instance has to be loaded, over Q[v, g]). For the last partial instance's worth it
+   adds the variant that covers the remainder most cheaply: a slow cheap variant can beat one
+   more fast expensive one (INFaaS Table 3: 1000 QPS is 1 C + 2 B, not 2 C).
+   Lambda takes over as soon as it is cheaper per QPS, or for the remainder, cheaper in total.
+4. Instances go into workers first-fit; a variant whose pool is at its ``max_workers`` and
+   full is skipped. What nothing can take goes to Lambda when allowed, else is reported unmet.
+
+It is the fallback when the MILP misses its time limit and the baseline it is measured
+against (``infra/bench_scaler.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+
+from modelless.scaling.bridge import finish_plan, with_bridge
+from modelless.scaling.problem import (
+    EPS,
+    PlanStatus,
+    ScalingGroup,
+    ScalingPlan,
+    ScalingPool,
+    ScalingProblem,
+    ScalingVariant,
+    first_fit_workers,
+)
+
+SOLVER = "greedy"
+
+
+class _Pool:
+    """A pool being filled: the free room of each worker, first fit.
+
+    Rooms only ever shrink (and a worker's copies of a variant only grow) and new ones are
+    appended, so the first room a given variant fits never moves left: a per-variant cursor
+    makes first fit amortised linear.
+    """
+
+    def __init__(self, pool: ScalingPool, cap: int | None) -> None:
+        self.pool = pool
+        self.cap = cap  # max workers in this pass (the pool's own max, or lower while improving)
+        self.rooms: list[dict[str, float]] = []
+        self.copies: list[dict[str, int]] = []  # per worker: variant id -> copies it holds
+        self.placed: list[ScalingVariant] = []
+        self._cursor: dict[str, int] = {}
+
+    def _fits(self, variant: ScalingVariant, index: int) -> bool:
+        room = self.rooms[index]
+        limit = variant.max_per_worker
+        if limit is not None and self.copies[index].get(variant.id, 0) >= limit:
+            return False
+        return all(variant.demand.get(r, 0.0) <= room[r] + 1e-9 for r in room)
+
+    def open_room(self, variant: ScalingVariant) -> int | None:
+        """The first open worker ``variant`` fits in, or None."""
+        index = self._cursor.get(variant.id, 0)
+        while index < len(self.rooms) and not self._fits(variant, index):
+            index += 1
+        self._cursor[variant.id] = index
+        return index if index < len(self.rooms) else None
+
+    def can_add(self, variant: ScalingVariant) -> bool:
+        if self.cap is None or len(self.rooms) < self.cap:
+            return True  # a new worker is always possible (the variant fits one: checked before)
+        return self.open_room(variant) is not None
+
+    def add(self, variant: ScalingVariant) -> None:
+        self.placed.append(variant)
+        index = self.open_room(variant)
+        if index is None:
+            self.rooms.append(dict(self.pool.capacity))
+            self.copies.append({})
+            index = len(self.rooms) - 1
+        room = self.rooms[index]
+        for resource in room:
+            room[resource] -= variant.demand.get(resource, 0.0)
+        self.copies[index][variant.id] = self.copies[index].get(variant.id, 0) + 1
+
+    def workers(self) -> int:
+        # First fit in arrival order, or first fit decreasing over the same instances, whichever
+        # is tighter; never below the pool's minimum.
+        packed = first_fit_workers(self.pool, self.placed)
+        used = len(self.rooms) if packed is None else min(len(self.rooms), packed)
+        return max(self.pool.min_workers, used)
+
+
+def _group_order(problem: ScalingProblem) -> list[ScalingGroup]:
+    return sorted(problem.groups, key=lambda g: (g.latency_budget_ms, -problem.need(g), g.id))
+
+
+def solve_greedy(
+    problem: ScalingProblem, improve_trials: int = 8, improve_budget_s: float | None = None
+) -> ScalingPlan:
+    """A plan for ``problem`` by the greedy above. Never raises on infeasible problems.
+
+    Then up to ``improve_trials`` improvement passes: cap the priciest pool that has workers at
+    one worker fewer and run the greedy again, keeping the result when it costs no more and
+    leaves no more load unmet. Marginal-cost first fit fills open workers but never closes one;
+    this lets instances move to room left in other pools (ties are kept, so a pool can be
+    emptied one worker at a time). ``improve_budget_s`` stops starting passes after that long
+    (the MILP's fallback has already spent its time); without it the result is deterministic.
+    """
+    started = time.perf_counter()
+    caps: dict[str, int | None] = {pool.name: pool.max_workers for pool in problem.pools}
+    best = _greedy_pass(problem, caps)
+    trials = 0
+    blocked: set[str] = set()
+    while trials < improve_trials:
+        if improve_budget_s is not None and time.perf_counter() - started > improve_budget_s:
+            break
+        open_pools = [
+            pool
+            for pool in problem.pools
+            if pool.name not in blocked and best.workers[pool.name] > pool.min_workers
+        ]
+        if not open_pools:
+            break
+        pool = max(open_pools, key=lambda p: (p.price_per_worker_second, p.name))
+        trial_caps = {**caps, pool.name: best.workers[pool.name] - 1}
+        trial = _greedy_pass(problem, trial_caps)
+        trials += 1
+        unmet, trial_unmet = sum(best.unmet_qps.values()), sum(trial.unmet_qps.values())
+        if trial.objective <= best.objective * (1 + 1e-12) and trial_unmet <= unmet + EPS:
+            best, caps = trial, trial_caps
+        else:
+            blocked.add(pool.name)
+    return replace(with_bridge(problem, best), solve_seconds=time.perf_counter() - started)
+
+
+def _greedy_pass(problem: ScalingProblem, caps: Mapping[str, int | None]) -> ScalingPlan:
+    pools = {pool.name: _Pool(pool, caps[pool.name]) for pool in problem.pools}
+    count: dict[str, int] = {v.id: 0 for v in problem.variants}
+    used: dict[str, float] = {v.id: 0.0 for v in problem.variants}  # instances' worth of load placed
+    price = {v.id: problem.instance_price(v) for v in problem.variants}
+    load_cost = {v.id: problem.load_cost(v) for v in problem.variants}
+    eligible_for: dict[str, list[ScalingVariant]] = {}  # group -> variants that may serve it
+    for variant in problem.variants:
+        if problem.per_worker(variant) > 0:
+            for group_id, q in variant.saturation_qps.items():
+                if q > 0:
+                    eligible_for.setdefault(group_id, []).append(variant)
+    served: dict[tuple[str, str], float] = {}
+    lambda_qps: dict[str, float] = {}
+    unmet_qps: dict[str, float] = {}
+
+    def unit_cost(variant: ScalingVariant) -> float:
+        """What one more instance costs: its share of a worker (the dominant resource's), plus
+        loading it unless an instance is already running idle.
+
+        The share, not the marginal cost: counting room in open workers as free made the greedy
+        fill it with slow variants and need more workers later (a 36% gap at 50 architectures
+        against 11% with the share, on bench_scaler's instances).
+        """
+        fresh = count[variant.id] >= variant.running
+        return price[variant.id] + (load_cost[variant.id] if fresh else 0.0)
+
+    def serve(variant: ScalingVariant, group: ScalingGroup, instances: float) -> float:
+        q = variant.saturation_qps[group.id]
+        used[variant.id] += instances
+        key = (variant.id, group.id)
+        served[key] = served.get(key, 0.0) + instances * q
+        return instances * q
+
+    order = _group_order(problem)
+    pending = {g.id: problem.need(g) for g in order}  # groups not yet served, with their need
+    # What serving a group alone would cost per QPS (cheapest whole-instance cover, or Lambda):
+    # the value of leftover capacity that a group still to come can use.
+    rate: dict[str, float] = {}
+    for group in order:
+        need = pending[group.id]
+        if need <= EPS:
+            continue
+        options = [
+            math.ceil(need / v.saturation_qps[group.id] - 1e-9) * price[v.id]
+            for v in eligible_for.get(group.id, [])
+        ]
+        lambda_price = problem.lambda_price(group)
+        if lambda_price is not None:
+            options.append(lambda_price * need)
+        rate[group.id] = min(options) / need if options else 0.0
+
+    def credit(variant: ScalingVariant, spare: float, current: str) -> float:
+        """What ``spare`` instances' worth of v saves groups still to come: their QPS it could
+        take, at their stand-alone rate, best-paying first, each bit of spare used once."""
+        saved = 0.0
+        takers = [(rate[g], g, q) for g, q in variant.saturation_qps.items() if g != current and g in rate]
+        for value, group_id, q in sorted(takers, reverse=True):
+            if spare <= EPS:
+                break
+            taken = min(spare * q, pending.get(group_id, 0.0))
+            saved += taken * value
+            spare -= taken / q
+        return saved
+
+    for group in order:
+        need = pending.pop(group.id)
+        if need <= EPS:
+            continue
+        eligible = eligible_for.get(group.id, [])
+
+        # Spare capacity first: instances placed for earlier groups, time-shared.
+        for variant in sorted(eligible, key=lambda v: -v.saturation_qps[group.id]):
+            spare = count[variant.id] - used[variant.id]
+            if spare > EPS and need > EPS:
+                need -= serve(variant, group, min(spare, need / variant.saturation_qps[group.id]))
+
+        lambda_price = problem.lambda_price(group)
+        while need > EPS:
+            candidates = [v for v in eligible if pools[v.pool].can_add(v)]
+            if not candidates:
+                break
+            costs = {v.id: unit_cost(v) for v in candidates}
+
+            def per_qps(v: ScalingVariant) -> tuple[float, float, str]:
+                q = v.saturation_qps[group.id]  # noqa: B023 (used within this iteration only)
+                return costs[v.id] / q, -q, v.id  # noqa: B023
+
+            best = min(candidates, key=per_qps)
+            if need >= best.saturation_qps[group.id]:
+                if lambda_price is not None and lambda_price <= per_qps(best)[0]:
+                    break  # Lambda is cheaper per query than any instance: it takes the rest
+                choice = best
+            else:
+
+                def cover(v: ScalingVariant) -> tuple[float, float, str]:
+                    # Cheapest cover of the remainder, less what its leftover capacity saves the
+                    # groups still to come (one instance serving a tight and a lax group beats
+                    # one for each), then the fastest.
+                    q = v.saturation_qps[group.id]  # noqa: B023
+                    instances = math.ceil(need / q - 1e-9)  # noqa: B023
+                    saved = credit(v, instances - need / q, group.id)  # noqa: B023
+                    return instances * costs[v.id] - saved, -q, v.id  # noqa: B023
+
+                choice = min(candidates, key=cover)
+                if lambda_price is not None and lambda_price * need <= cover(choice)[0]:
+                    break
+            pools[choice.pool].add(choice)
+            count[choice.id] += 1
+            need -= serve(choice, group, min(1.0, need / choice.saturation_qps[group.id]))
+
+        if need > EPS:
+            if lambda_price is not None:
+                lambda_qps[group.id] = need
+            else:
+                unmet_qps[group.id] = need
+
+    instances = {(v.id, v.pool): count[v.id] for v in problem.variants if count[v.id] > 0}
+    workers = {name: pool.workers() for name, pool in pools.items()}
+    status = PlanStatus.INFEASIBLE_PARTIAL if unmet_qps else PlanStatus.FEASIBLE
+    started = time.perf_counter()
+    return finish_plan(
+        problem, instances, workers, lambda_qps, served, unmet_qps, SOLVER, status, started, (), None,
+        bridge=False,
+    )  # fmt: skip

@@ -1,0 +1,382 @@
+"""Adaptive batching in a real worker process (Clipper §4.3), hit concurrently over HTTP.
+
+Each caller must get its own logits back (compared with a direct onnxruntime run), concurrent
+callers must share batches, the AIMD limit must grow under load, and ``--no-batching`` must keep
+one run per invocation. The last test measures throughput at a fixed latency budget with and
+without batching and prints it (timings on a shared CI machine are not asserted).
+
+Every wait is bounded; every worker and invoker is closed by its fixture.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from modelless.exceptions import ModellessError
+from modelless.metadata.redis import RedisMetadataStore
+from modelless.monitoring import WINDOW_S
+from modelless.pools.catalog import CPU_POOL
+from modelless.pools.invokers import HttpWorkerInvoker
+from modelless.pools.local import LocalWorkerPool
+from modelless.pools.processes import ChildProcess, spawn
+from modelless.repository.local import LocalModelRepository
+from modelless.runtime import decode_array, encode_array
+from modelless.types import VariantProfile, WorkerState
+from tests.functional.workers_kit import report_url_of, worker_pool
+from tests.models import digits, linear_model, wide_model
+
+APP = "batching-app"
+LINEAR_KEY = f"apps/{APP}/linear/variants/fp32-basic.onnx"
+WIDE_KEY = f"apps/{APP}/wide/variants/fp32-basic.onnx"
+INVOKE_TIMEOUT_S = 20.0
+THREADS = 16
+CALLS_PER_THREAD = 15
+
+
+def make_variant(model: str, artifact_key: str, p99_ms: dict[int, float]) -> VariantProfile:
+    return VariantProfile(
+        variant_id=f"{APP}/{model}/fp32-basic/cpu",
+        app_id=APP,
+        model_name=model,
+        pool="cpu",
+        precision="fp32",
+        opt_level="basic",
+        threads=1,
+        artifact_key=artifact_key,
+        size_bytes=1,
+        load_latency_ms=20.0,
+        latency_p50_ms={batch: ms / 2 for batch, ms in p99_ms.items()},
+        latency_p99_ms=p99_ms,
+        peak_memory_mb=1.0,
+        accuracy=0.9,
+        price_per_second=CPU_POOL.instance_price_per_second(1),
+        request_price=0.0,
+        hardware="test",
+        measured_on_target=True,
+        max_useful_batch=32,
+    )
+
+
+LINEAR = make_variant("linear", LINEAR_KEY, {1: 2.0, 2: 2.0, 4: 2.0, 8: 2.5, 16: 3.0, 32: 4.0})
+WIDE = make_variant("wide", WIDE_KEY, {1: 5.0, 2: 5.0, 4: 5.5, 8: 7.0, 16: 9.0, 32: 15.0})
+
+
+def payload(variant: VariantProfile, inputs: np.ndarray, deadline_ms: Any = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "variant_id": variant.variant_id,
+        "variant": variant.to_json(),
+        "inputs_npy_b64": encode_array(inputs),
+        "correlation_id": "batching-test",
+    }
+    if deadline_ms is not None:
+        body["deadline_ms"] = deadline_ms
+    return body
+
+
+class Direct:
+    """The model run directly in onnxruntime, in this process: what every reply must match."""
+
+    def __init__(self, model: bytes) -> None:
+        self._session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+    def logits(self, inputs: np.ndarray) -> np.ndarray:
+        logits: np.ndarray = self._session.run(None, {"input": inputs})[0]
+        return logits
+
+
+def stats(address: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{address}/stats", timeout=5.0).json()
+    return body
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    repository_url: str
+    tmp: Path
+    report_url: str
+
+
+@pytest.fixture
+def setup(tmp_path: Path, redis_store: RedisMetadataStore) -> Setup:
+    repository = LocalModelRepository(tmp_path / "repo")
+    repository.put(LINEAR_KEY, linear_model())
+    repository.put(WIDE_KEY, wide_model())
+    return Setup(str(tmp_path / "repo"), tmp_path, report_url_of(redis_store))
+
+
+@pytest.fixture
+def pool(setup: Setup) -> Iterator[LocalWorkerPool]:
+    with worker_pool(setup.repository_url, setup.report_url, setup.tmp) as workers:
+        yield workers
+
+
+def start_worker(pool: LocalWorkerPool) -> str:
+    pool.scale_to(1)
+    [child] = pool.workers().values()
+    return child.address
+
+
+def spawn_worker(setup: Setup, name: str, *extra: str) -> ChildProcess:
+    """A worker started directly, for flags the pool provider does not pass (``--no-batching``)."""
+    return spawn(
+        name,
+        "infra.worker_server",
+        [
+            "--worker-id",
+            name,
+            "--pool",
+            "cpu",
+            "--repository",
+            setup.repository_url,
+            "--cache-dir",
+            str(setup.tmp / "cache"),
+            "--report-url",
+            setup.report_url,
+            *extra,
+        ],
+        setup.tmp / "logs",
+        env={"OMP_NUM_THREADS": "1"},
+    )
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[ChildProcess]]:
+    children: list[ChildProcess] = []
+    try:
+        yield children
+    finally:
+        for child in children:
+            child.stop()
+        assert all(not child.alive() for child in children), "a worker process outlived its test"
+
+
+# --- concurrent callers -----------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    inputs: np.ndarray
+    body: dict[str, Any]
+
+
+def hammer(
+    invoker: HttpWorkerInvoker,
+    address: str,
+    variant: VariantProfile,
+    threads: int = THREADS,
+    calls: int = CALLS_PER_THREAD,
+    deadline_ms: float | None = 200.0,
+) -> list[Reply]:
+    """``threads`` callers at once, each sending ``calls`` invocations of its own digits (1 to 3
+    rows each); every reply with the inputs it answers."""
+    inputs, _ = digits()
+    replies: list[Reply] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(threads)
+
+    def caller(index: int) -> None:
+        try:
+            barrier.wait(INVOKE_TIMEOUT_S)
+            for call in range(calls):
+                start = (index * calls + call) * 3 % (len(inputs) - 3)
+                mine = np.ascontiguousarray(inputs[start : start + 1 + (index + call) % 3])
+                body = invoker.invoke(address, payload(variant, mine, deadline_ms), INVOKE_TIMEOUT_S)
+                with lock:
+                    replies.append(Reply(mine, body))
+        except BaseException as error:  # re-raised in the test thread below
+            errors.append(error)
+
+    workers = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(INVOKE_TIMEOUT_S * 2)
+    assert not any(w.is_alive() for w in workers), "a caller hung"
+    assert errors == []
+    return replies
+
+
+def test_concurrent_callers_share_batches_and_each_gets_its_own_logits(
+    pool: LocalWorkerPool, invoker: HttpWorkerInvoker
+) -> None:
+    address = start_worker(pool)
+    warm = invoker.invoke(address, payload(LINEAR, digits()[0][:1]), INVOKE_TIMEOUT_S)
+    assert warm["load_ms"] > 0
+
+    replies = hammer(invoker, address, LINEAR)
+
+    assert len(replies) == THREADS * CALLS_PER_THREAD
+    direct = Direct(linear_model())
+    for reply in replies:
+        np.testing.assert_allclose(
+            decode_array(reply.body["outputs_npy_b64"]), direct.logits(reply.inputs), rtol=1e-5, atol=1e-5
+        )
+        assert reply.body["batch"] >= len(reply.inputs)  # the batch held at least its own rows
+        assert reply.body["load_ms"] == 0
+        assert reply.body["queue_ms"] >= 0 and reply.body["inference_ms"] > 0
+    shared = [r for r in replies if r.body["batch"] > len(r.inputs)]
+    assert shared, "no reply shared a batch with another caller under 16 concurrent callers"
+    batching = stats(address)["batching"][LINEAR.variant_id]
+    assert batching["largest_batch"] > 3
+    assert batching["requests"] == len(replies) + 1
+    assert batching["batches"] < batching["requests"]
+
+
+def test_the_batch_limit_grows_under_load(pool: LocalWorkerPool, invoker: HttpWorkerInvoker) -> None:
+    address = start_worker(pool)
+    invoker.invoke(address, payload(WIDE, digits()[0][:1]), INVOKE_TIMEOUT_S)
+    before = stats(address)["batching"][WIDE.variant_id]
+    assert before["limit"] <= 2  # AIMD starts at 1; the warm-up's full batch of one may add one
+
+    started = time.monotonic()
+    replies = hammer(invoker, address, WIDE, calls=8, deadline_ms=5000.0)
+    elapsed_ms = (time.monotonic() - started) * 1000
+
+    body = stats(address)
+    after = body["batching"][WIDE.variant_id]
+    assert after["limit"] > before["limit"]
+    assert after["limit"] <= after["max_limit"] == WIDE.max_useful_batch
+    assert max(r.body["batch"] for r in replies) > 3
+    # The monitor counts each batch's run once: one dispatch thread cannot be busy for longer
+    # than the calls took (counting the run once per request would have it busy ~batch times that).
+    state = WorkerState.from_json(body["state"])
+    [instance] = state.instances
+    assert instance.queue_length == 0  # every started request was finished
+    busy_ms = state.utilisation * WINDOW_S * 1000 * (state.free_slots + len(state.instances))
+    assert busy_ms <= elapsed_ms + 100, (busy_ms, elapsed_ms)
+    direct = Direct(wide_model())
+    for reply in replies:
+        np.testing.assert_allclose(
+            decode_array(reply.body["outputs_npy_b64"]), direct.logits(reply.inputs), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_deadline_ms_is_read_and_a_bad_one_refused(pool: LocalWorkerPool, invoker: HttpWorkerInvoker) -> None:
+    address = start_worker(pool)
+    inputs = np.ascontiguousarray(digits()[0][:2])
+
+    late = invoker.invoke(address, payload(LINEAR, inputs, deadline_ms=0), INVOKE_TIMEOUT_S)
+    np.testing.assert_allclose(
+        decode_array(late["outputs_npy_b64"]), Direct(linear_model()).logits(inputs), rtol=1e-5, atol=1e-5
+    )  # no budget left: answered at once, late, never failed for it
+    for bad in ("soon", True, [5]):
+        with pytest.raises(ModellessError) as raised:
+            invoker.invoke(address, payload(LINEAR, inputs, deadline_ms=bad), INVOKE_TIMEOUT_S)
+        assert raised.value.code == "invalid_input"
+        assert raised.value.status_code == 400
+
+
+def test_no_batching_runs_each_invocation_on_its_own(
+    setup: Setup, spawned: list[ChildProcess], invoker: HttpWorkerInvoker
+) -> None:
+    child = spawn_worker(setup, "cpu-nobatch", "--no-batching")
+    spawned.append(child)
+
+    replies = hammer(invoker, child.address, LINEAR, threads=8, calls=5)
+
+    direct = Direct(linear_model())
+    for reply in replies:
+        assert reply.body["batch"] == len(reply.inputs)
+        np.testing.assert_allclose(
+            decode_array(reply.body["outputs_npy_b64"]), direct.logits(reply.inputs), rtol=1e-5, atol=1e-5
+        )
+    assert stats(child.address)["batching"] == {}
+
+
+# --- the gain, measured -----------------------------------------------------------------------
+
+
+@dataclass
+class Throughput:
+    qps: float  # replies per second
+    goodput: float  # replies within the budget per second
+    p50_ms: float
+    p99_ms: float
+    mean_batch: float
+
+
+def measure(
+    invoker: HttpWorkerInvoker,
+    address: str,
+    variant: VariantProfile,
+    budget_ms: float,
+    threads: int,
+    duration_s: float,
+) -> Throughput:
+    """Closed loop: ``threads`` callers send one-row queries with ``budget_ms`` as their deadline
+    for ``duration_s``; latency is what the caller saw."""
+    inputs = np.ascontiguousarray(digits()[0][:1])
+    body = payload(variant, inputs, deadline_ms=budget_ms)
+    invoker.invoke(address, body, INVOKE_TIMEOUT_S)  # loaded and warm before the clock starts
+    latencies: list[float] = []
+    batches: list[int] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + duration_s
+
+    def caller() -> None:
+        while time.monotonic() < stop_at:
+            started = time.perf_counter()
+            reply = invoker.invoke(address, body, INVOKE_TIMEOUT_S)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            with lock:
+                latencies.append(elapsed_ms)
+                batches.append(int(reply["batch"]))
+
+    callers = [threading.Thread(target=caller, daemon=True) for _ in range(threads)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join(duration_s + INVOKE_TIMEOUT_S)
+    assert not any(t.is_alive() for t in callers), "a caller hung"
+    ordered = sorted(latencies)
+    return Throughput(
+        qps=len(ordered) / duration_s,
+        goodput=sum(ms <= budget_ms for ms in ordered) / duration_s,
+        p50_ms=ordered[len(ordered) // 2],
+        p99_ms=ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        mean_batch=sum(batches) / len(batches),
+    )
+
+
+@pytest.mark.parametrize(("variant", "budget_ms"), [(WIDE, 50.0), (LINEAR, 50.0)], ids=["wide", "linear"])
+def test_throughput_at_a_fixed_budget_with_and_without_batching(
+    setup: Setup,
+    spawned: list[ChildProcess],
+    invoker: HttpWorkerInvoker,
+    variant: VariantProfile,
+    budget_ms: float,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results: dict[str, Throughput] = {}
+    for mode, flags in (("batching", ()), ("no-batching", ("--no-batching",))):
+        child = spawn_worker(setup, f"bench-{variant.model_name}-{mode}", *flags)
+        spawned.append(child)
+        results[mode] = measure(invoker, child.address, variant, budget_ms, threads=THREADS, duration_s=1.5)
+        child.stop()  # one worker at a time: they would share the machine's cores
+
+    on, off = results["batching"], results["no-batching"]
+    with capsys.disabled():
+        print(f"\n{variant.model_name} model, {THREADS} closed-loop callers, {budget_ms:.0f} ms budget:")
+        for mode, result in results.items():
+            print(
+                f"  {mode:12s} {result.qps:7.0f} q/s, {result.goodput:7.0f} q/s within budget, "
+                f"p50 {result.p50_ms:6.2f} ms, p99 {result.p99_ms:6.2f} ms, "
+                f"mean batch {result.mean_batch:5.2f}"
+            )
+        print(f"  gain at the budget: x{on.goodput / max(off.goodput, 1e-9):.2f}")
+    assert on.qps > 0 and off.qps > 0
+    assert off.mean_batch == 1.0  # one row per query and no batching: every run is one query

@@ -1,0 +1,207 @@
+"""The exact solver's pattern program against the program as INFaaS writes it (the compact one),
+its proven lower bounds, the packing check and what it does to a plan's status, the
+one-instance-per-worker rule in the packing, the closed-form split of a set's instances and the
+patterns the duals keep. Pure: no network, no store, no clock."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from infra.bench_scaler import make_problem
+from modelless.scaling import (
+    PlanStatus,
+    ScalingGroup,
+    ScalingPool,
+    ScalingProblem,
+    ScalingVariant,
+    solve_compact,
+    solve_exact,
+    solve_greedy,
+    violations,
+)
+from modelless.scaling.patterns import (
+    Prices,
+    _pattern_table,
+    _reduced,
+    _Sets,
+    _split_by_lp,
+    _split_two,
+    components_of,
+    k_instances,
+    usable_variants,
+)
+from modelless.scaling.problem import first_fit_workers
+
+VCPU = "vcpu"
+
+
+# 60/3 takes proof rounds that rule ways out by their reduced cost (exact's module docstring).
+@pytest.mark.parametrize(
+    ("architectures", "seed"), [(3, 11), (5, 13), (8, 17), (12, 19), (20, 5), (30, 7), (60, 3)]
+)
+def test_the_pattern_program_finds_the_optimum_of_the_compact_program(architectures: int, seed: int) -> None:
+    problem = make_problem(architectures, seed)
+    exact = solve_exact(problem, time_limit_s=60.0)
+    compact = solve_compact(problem, time_limit_s=60.0)
+    assert exact.status is PlanStatus.OPTIMAL and compact.status is PlanStatus.OPTIMAL
+    assert violations(problem, exact) == [] and violations(problem, compact) == []
+    # Both are optimal within HiGHS's 0.01 % gap.
+    assert exact.objective == pytest.approx(compact.objective, rel=2e-4)
+    assert exact.lower_bound is not None
+    assert exact.lower_bound <= compact.objective * (1 + 1e-9)
+    assert exact.gap is not None and exact.gap <= 1e-4
+
+
+def test_a_plan_stopped_by_its_deadline_is_valid_and_its_lower_bound_holds() -> None:
+    problem = make_problem(60, seed=3)
+    optimum = solve_exact(problem, time_limit_s=120.0)
+    assert optimum.status is PlanStatus.OPTIMAL
+    for limit in (0.01, 0.1, 0.3):
+        plan = solve_exact(problem, time_limit_s=limit)
+        assert violations(problem, plan) == []
+        assert plan.unmet_qps == {}
+        assert plan.objective >= optimum.objective * (1 - 1e-4)
+        if plan.lower_bound is not None:
+            assert plan.lower_bound <= optimum.objective * (1 + 1e-9)
+        if plan.status is not PlanStatus.OPTIMAL:
+            assert plan.status is PlanStatus.TIME_LIMIT
+            assert any("time limit" in note for note in plan.notes)
+
+
+def one_per_worker(name: str, q: float, group: str, vcpus: float = 1.0) -> ScalingVariant:
+    return ScalingVariant(name, "pool", {group: q}, {VCPU: vcpus}, max_per_worker=1)
+
+
+def test_copies_of_a_variant_need_as_many_workers_as_copies() -> None:
+    # Four instances would fit one worker's vCPUs, but a worker holds one copy of a variant.
+    pool = ScalingPool("pool", 1.0, {VCPU: 4.0})
+    problem = ScalingProblem([one_per_worker("v", 100.0, "g")], [pool], [ScalingGroup("g", 250.0, 50.0)])
+    for solver in (solve_exact, solve_greedy):
+        plan = solver(problem)
+        assert plan.instances_of("v") == 3
+        assert plan.workers == {"pool": 3}
+        assert violations(problem, plan) == []
+    assert solve_exact(problem).status is PlanStatus.OPTIMAL
+
+
+def test_a_dominated_variant_is_kept_where_the_one_it_loses_to_cannot_carry_the_load_alone() -> None:
+    # "fast" is better than "slow" in every way, but one worker holds one copy of each, and one
+    # "fast" carries 100 of the 150 QPS: the plan needs "slow" beside it.
+    group = ScalingGroup("g", 150.0, 50.0)
+    pool = ScalingPool("pool", 1.0, {VCPU: 4.0}, max_workers=1)
+    variants = [one_per_worker("fast", 100.0, "g"), one_per_worker("slow", 60.0, "g")]
+    problem = ScalingProblem(variants, [pool], [group])
+    plan = solve_exact(problem)
+    assert plan.status is PlanStatus.OPTIMAL
+    assert plan.instances_of("fast") == 1 and plan.instances_of("slow") == 1
+    assert plan.workers == {"pool": 1}
+    assert plan.unmet_qps == {}
+    assert violations(problem, plan) == []
+
+
+def three_large_instances(max_workers: int | None, lambda_price: float | None) -> ScalingProblem:
+    """Three variants of 1.1 vCPU on 2-vCPU workers, one group each: the resource rows say two
+    workers hold them (3.3 <= 4), but no worker holds two of them."""
+    groups = [ScalingGroup(f"g{i}", 10.0, 100.0, lambda_price) for i in range(3)]
+    variants = [ScalingVariant(f"v{i}", "pool", {f"g{i}": 100.0}, {VCPU: 1.1}) for i in range(3)]
+    return ScalingProblem(variants, [ScalingPool("pool", 1.0, {VCPU: 2.0}, max_workers=max_workers)], groups)
+
+
+def test_a_plan_whose_packing_needs_more_workers_takes_them_and_is_no_longer_called_optimal() -> None:
+    problem = three_large_instances(max_workers=None, lambda_price=None)
+    plan = solve_exact(problem)
+    assert plan.workers == {"pool": 3}
+    assert plan.total_instances == 3
+    assert plan.status is PlanStatus.FEASIBLE
+    assert any("packing needs 3 workers" in note for note in plan.notes)
+    assert plan.lower_bound == pytest.approx(2.0)  # the program's optimum, a bound on any plan
+    assert plan.objective == pytest.approx(3.0)
+    assert violations(problem, plan) == []
+
+
+@pytest.mark.parametrize("lambda_price", [1.0, None], ids=["lambda", "no-lambda"])
+def test_instances_that_do_not_fit_the_pool_limit_give_their_load_to_lambda_or_leave_it_unmet(
+    lambda_price: float | None,
+) -> None:
+    problem = three_large_instances(max_workers=2, lambda_price=lambda_price)
+    plan = solve_exact(problem)
+    assert plan.workers == {"pool": 2}
+    assert plan.total_instances == 2
+    assert any("do not fit 2 workers" in note for note in plan.notes)
+    moved = plan.lambda_qps if lambda_price is not None else plan.unmet_qps
+    assert sum(moved.values()) == pytest.approx(10.0)
+    expected = PlanStatus.FEASIBLE if lambda_price is not None else PlanStatus.INFEASIBLE_PARTIAL
+    assert plan.status is expected
+    assert violations(problem, plan) == []
+
+
+def test_first_fit_puts_copies_of_a_variant_on_different_workers() -> None:
+    pool = ScalingPool("pool", 1.0, {VCPU: 4.0})
+    free = ScalingVariant("v", "pool", {}, {VCPU: 1.0})
+    limited = ScalingVariant("v", "pool", {}, {VCPU: 1.0}, max_per_worker=1)
+    assert first_fit_workers(pool, [free, free, free]) == 1
+    assert first_fit_workers(pool, [limited, limited, limited]) == 3
+    # The variant with the most copies goes first, so that the others fill around it.
+    other = [ScalingVariant(f"o{i}", "pool", {}, {VCPU: 1.0}, max_per_worker=1) for i in range(4)]
+    assert first_fit_workers(pool, [*other[:2], limited, limited]) == 2
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_closed_form_split_saves_as_much_as_the_lp_split(seed: int) -> None:
+    # Random sets of three instances sharing two groups (a Lambda price, or none: must cover).
+    rng = np.random.default_rng(seed)
+    sets, k = 400, 3
+    rates = rng.uniform(0.0, 100.0, size=(sets, k, 2)) * (rng.random((sets, k, 2)) > 0.2)
+    needs = rng.uniform(1.0, 250.0, size=2)
+    for weight in (np.array([2.0, 1.0]), np.array([1.0, 3.0]), np.array([1000.0, 1.0])):
+        part = _Sets(0, np.zeros((sets, k), dtype=np.int64), [0, 1], needs, [1.0, 1.0], weight, rates)
+        closed = _split_two(rates, needs, weight)
+        _split_by_lp([part])
+        for served in (closed, part.served):
+            # Each instance's time is at most one, each group gets at most its need.
+            assert np.all((served / np.where(rates > 0, rates, 1.0)).sum(axis=2) <= 1 + 1e-9)
+            assert np.all(served.sum(axis=1) <= needs + 1e-6)
+            assert np.all(served[rates == 0] == 0)
+        worth_closed = closed.sum(axis=1) @ weight
+        worth_lp = part.served.sum(axis=1) @ weight
+        assert worth_closed == pytest.approx(worth_lp, rel=1e-9, abs=1e-6)
+
+
+def test_priced_patterns_are_every_pattern_whose_reduced_cost_is_within_the_slack() -> None:
+    problem = make_problem(30, seed=7)
+    usable = usable_variants(problem)
+    components = components_of(problem, usable)
+    wanted = {ci: component for ci, component in enumerate(components) if component.patterns}
+    everything = k_instances(problem, wanted, 2)
+    rng = np.random.default_rng(7)
+    keys = [(pi, r) for pi, pool in enumerate(problem.pools) for r in pool.capacity]
+    prices = Prices(
+        capacity={key: float(rng.uniform(0.0, 2.0)) for key in keys},
+        choice={ci: float(rng.uniform(0.5, 3.0)) for ci in wanted},
+        scale=min(pool.price_per_worker_second for pool in problem.pools),
+        slack=0.1,  # about half the two-instance patterns have a reduced cost within it
+    )
+    fresh_components = components_of(problem, usable)
+    priced = k_instances(problem, {ci: fresh_components[ci] for ci in wanted}, 2, prices)
+    checked = 0
+    for ci, patterns in everything.items():
+        table = _pattern_table(problem, patterns)
+        within_slack = _reduced(table, problem, prices, ci) <= prices.slack
+        kept = {(p.instances, round(p.cost, 15)) for p in priced[ci]}
+        kept_table = _pattern_table(problem, priced[ci]) if priced[ci] else np.zeros((0, table.shape[1]))
+        for pattern, row, cheap in zip(patterns, table, within_slack, strict=True):
+            if not cheap:
+                continue
+            checked += 1
+            # Kept, or dominated by a kept pattern (no more of anything, no dearer).
+            assert (pattern.instances, round(pattern.cost, 15)) in kept or np.any(
+                np.all(kept_table <= row + 1e-12 * (1 + np.abs(row)), axis=1)
+            )
+    assert checked >= 10
+
+
+def test_an_empty_problem_is_an_empty_plan() -> None:
+    plan = solve_exact(ScalingProblem(variants=[], pools=[], groups=[]), 1.0)
+    assert plan.status is PlanStatus.OPTIMAL
+    assert plan.total_instances == 0 and plan.cost_per_second == 0.0 and not plan.unmet
