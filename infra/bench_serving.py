@@ -1186,30 +1186,46 @@ def batching_section(run: Run) -> str:
     return "\n".join(lines)
 
 
-def reading(run: Run) -> str:
-    """The paragraph that says what the tables mean, with the figures it rests on."""
-    say = []
-    over = [
+def overhead_over_direct(run: Run) -> list[float]:
+    """Per repeat: the project's one-caller median minus a direct onnxruntime call's (ms)."""
+    return [
         (x - d.p50_ms)
         for x, d in zip(per_repeat(run, PROJECT_BATCHED, p50_one_caller), run.direct, strict=False)
         if x is not None
     ]
+
+
+def against_ray(run: Run, batched: str, plain: str) -> list[tuple[str, list[float], list[float]]]:
+    """(label, one-caller p50 ratios, throughput-within-budget ratios) of the project over Ray
+    Serve, with batching and without."""
+    return [
+        (
+            label,
+            ratios(run, mine, theirs, p50_one_caller),
+            ratios(run, mine, theirs, throughput_within(RAY_BUDGET_MS)),
+        )
+        for mine, theirs, label in (
+            (PROJECT_BATCHED, RAY_BATCHED, batched),
+            (PROJECT_PLAIN, RAY_PLAIN, plain),
+        )
+    ]
+
+
+def reading(run: Run) -> str:
+    """The paragraph that says what the tables mean, with the figures it rests on."""
+    say = []
+    over = overhead_over_direct(run)
     path = per_repeat(run, PROJECT_BATCHED, one_caller("path_p50_ms"))
     gateway_cpu = per_repeat(run, PROJECT_BATCHED, one_caller_cpu("gateway"))
     say.append(
         f"With one caller, a query through the project costs {span(over)} ms more (median) than calling "
         f"onnxruntime directly, {span(path)} ms of it outside the worker's queue and inference, and the "
         f"gateway process spends {span(gateway_cpu)} ms of CPU on each: the Python HTTP stack (uvicorn "
-        "with h11, FastAPI, pydantic) and the hop to the worker, not selection, which takes well under "
+        "with httptools, FastAPI, pydantic) and the hop to the worker, not selection, which takes well under "
         "0.2 ms."
     )
     if has(run, RAY_BATCHED):
-        for mine, theirs, label in (
-            (PROJECT_BATCHED, RAY_BATCHED, "with batching"),
-            (PROJECT_PLAIN, RAY_PLAIN, "without batching"),
-        ):
-            p50 = ratios(run, mine, theirs, p50_one_caller)
-            qps = ratios(run, mine, theirs, throughput_within(RAY_BUDGET_MS))
+        for label, p50, qps in against_ray(run, "with batching", "without batching"):
             say.append(
                 f"Against Ray Serve {label}, the project's one-caller p50 is {TIMES}{span(p50)} Ray's "
                 f"(target ≤ 1: {verdict(p50, lambda v: v <= 1.0)}) and its throughput at a "
@@ -1387,19 +1403,10 @@ def plot(run: Run, out_dir: Path) -> list[Path]:
 
 def serving_headlines(run: Run) -> list[str]:
     """The one-line results BENCHMARKS.md's summary quotes."""
-    over = [
-        (x - d.p50_ms)
-        for x, d in zip(per_repeat(run, PROJECT_BATCHED, p50_one_caller), run.direct, strict=False)
-        if x is not None
-    ]
-    lines = [f"Serving overhead over a direct onnxruntime call, one caller: {span(over)} ms median"]
+    overhead = span(overhead_over_direct(run))
+    lines = [f"Serving overhead over a direct onnxruntime call, one caller: {overhead} ms median"]
     if has(run, RAY_BATCHED):
-        for mine, theirs, label in (
-            (PROJECT_BATCHED, RAY_BATCHED, "batching on"),
-            (PROJECT_PLAIN, RAY_PLAIN, "batching off"),
-        ):
-            p50 = ratios(run, mine, theirs, p50_one_caller)
-            qps = ratios(run, mine, theirs, throughput_within(RAY_BUDGET_MS))
+        for label, p50, qps in against_ray(run, "batching on", "batching off"):
             lines.append(
                 f"Against Ray Serve ({label}): p50 latency {TIMES}{span(p50)} Ray's, throughput at a "
                 f"{RAY_BUDGET_MS:.0f} ms p99 {TIMES}{span(qps)} Ray's"
