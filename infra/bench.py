@@ -513,14 +513,11 @@ counts vary by a few between runs: pruning compares measured medians on a 10 % g
 def live_once(state_dir: Path, queries: int, metadata: str) -> dict[str, dict[str, float]]:
     """Queries over HTTP against the embedded stack on 127.0.0.1: the selection time each reply
     reports, and the whole round trip the client sees."""
-    import threading
 
     import numpy as np
-    import uvicorn
 
     from infra.demo_models import build_zoo
-    from infra.local_stack import start_stack
-    from modelless.api import create_app
+    from infra.local_stack import ThreadedGateway, start_stack
     from modelless.client import Client
     from modelless.observability import logger as gateway_logger
 
@@ -531,15 +528,9 @@ def live_once(state_dir: Path, queries: int, metadata: str) -> dict[str, dict[st
     with tempfile.TemporaryDirectory(prefix="modelless-live-") as tmp:
         port = 18080 + os.getpid() % 1000
         stack = start_stack(Path(tmp), "127.0.0.1", port, 2, 2, metadata)
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(stack.services), host="127.0.0.1", port=port, log_level="warning")
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
+        gateway = ThreadedGateway(stack, port)
         try:
-            admin = Client(stack.url, admin_key=stack.services.settings.admin_key)
-            while not admin.health():
-                time.sleep(0.05)
+            admin = gateway.admin()
             client = Client(stack.url, api_key=admin.create_app("live"))
             for name in ("digits-linear", "digits-mlp"):
                 reply = client.register_model(name, zoo_dir / f"{name}.onnx", zoo_dir / "valset.npz", "live")
@@ -566,11 +557,9 @@ def live_once(state_dir: Path, queries: int, metadata: str) -> dict[str, dict[st
                 selection.append(reply["timingsMs"]["selection_ms"])
                 total.append(reply["timingsMs"]["total_ms"])
         finally:
-            server.should_exit = True
-            thread.join(10)
             if isinstance(stack.services.store, RedisMetadataStore):
                 stack.services.store.flush_namespace()  # the next repeat starts from an empty store
-            stack.close()
+            gateway.close()
     print(f"live: {queries} sequential queries over HTTP, metadata {metadata}, 2 cpu workers")
     print(report("selection (in reply)", selection))
     print(report("gateway total (in reply)", total))

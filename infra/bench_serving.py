@@ -325,21 +325,12 @@ class ProjectStack:
     uvicorn in a thread of this process, as ``scripts/bench live`` runs it."""
 
     def __init__(self, state_dir: Path, lambda_concurrency: int) -> None:
-        import uvicorn
-
-        from infra.local_stack import start_stack
-        from modelless.api import create_app
+        from infra.local_stack import ThreadedGateway, start_stack
 
         self.port = 18100 + os.getpid() % 500
         self.worker_id = ""
         self.stack = start_stack(state_dir, "127.0.0.1", self.port, 0, lambda_concurrency, "memory://")
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                create_app(self.stack.services), host="127.0.0.1", port=self.port, log_level="warning"
-            )
-        )
-        self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
-        self.thread.start()
+        self.gateway = ThreadedGateway(self.stack, self.port)
         self.repository = Path(self.stack.services.settings.repository_url)
 
     def run_worker(self, batching: bool, preload: VariantProfile | None = None) -> None:
@@ -417,9 +408,7 @@ class ProjectStack:
         }
 
     def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.stack.close()
+        self.gateway.close()
 
 
 class RayServe:
@@ -756,14 +745,7 @@ def run_bench(args: argparse.Namespace, plan: Plan, command: str) -> Run:
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(prefix="modelless-serving-") as tmp:
         project = ProjectStack(Path(tmp), args.lambda_concurrency)
         stack.callback(project.close)
-        admin = Client(
-            f"http://127.0.0.1:{project.port}", admin_key=project.stack.services.settings.admin_key
-        )
-        deadline = time.monotonic() + 60
-        while not admin.health():
-            if time.monotonic() > deadline:
-                raise RuntimeError("the gateway did not come up")
-            time.sleep(0.05)
+        admin = project.gateway.admin(ready_s=60)
         key = admin.create_app(APP)
         client = Client(admin.url, api_key=key, timeout_s=120)
         project.run_worker(batching=True)

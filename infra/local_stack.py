@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import uvicorn
 
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
+from modelless.client import Client
 from modelless.config import Settings
 from modelless.observability import logger
 from modelless.offline.events import S3JobStarter, SqsEventPoller, s3_records
@@ -104,6 +106,34 @@ class LocalStack:
         self.pool.close()
         self.lambda_tier.close()
         self.services.close()
+
+
+class ThreadedGateway:
+    """The stack's gateway served by uvicorn from a thread of this process, as the benches run it
+    (``scripts/run`` serves from the main thread instead). Stopping it stops the stack too."""
+
+    def __init__(self, stack: LocalStack, port: int, log_level: str = "warning") -> None:
+        self.stack = stack
+        self.server = uvicorn.Server(
+            uvicorn.Config(create_app(stack.services), host="127.0.0.1", port=port, log_level=log_level)
+        )
+        self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
+        self.thread.start()
+
+    def admin(self, ready_s: float = 30) -> Client:
+        """An admin client, once the gateway answers."""
+        admin = Client(self.stack.url, admin_key=self.stack.services.settings.admin_key)
+        deadline = time.monotonic() + ready_s
+        while not admin.health():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway did not answer on {self.stack.url} in {ready_s:.0f} s")
+            time.sleep(0.05)
+        return admin
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.stack.close()
 
 
 def start_stack(

@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -156,11 +155,8 @@ def _bodies(zoo: Zoo, mix: Mix, state_dir: Path) -> dict[str, str]:
 def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, state_dir: Path) -> LiveRun:
     """Start the embedded stack in this process, publish the zoo (its measured profiles and
     artifacts) into it, replay ``schedule`` from a load-generator process, and collect replies."""
-    import uvicorn
 
-    from infra.local_stack import start_stack
-    from modelless.api import create_app
-    from modelless.client import Client
+    from infra.local_stack import ThreadedGateway, start_stack
     from modelless.observability import logger as gateway_logger
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
@@ -172,18 +168,9 @@ def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, st
         stack = start_stack(
             Path(tmp), "127.0.0.1", port, STACK_WORKERS, STACK_LAMBDA_CONCURRENCY, "memory://", max_workers=4
         )
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(stack.services), host="127.0.0.1", port=port, log_level="error")
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
+        serving = ThreadedGateway(stack, port, log_level="error")
         try:
-            admin = Client(stack.url, admin_key=stack.services.settings.admin_key)
-            deadline = time.monotonic() + 30
-            while not admin.health():
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the embedded stack did not come up")
-                time.sleep(0.05)
+            admin = serving.admin()
             key = admin.create_app(zoo.app_id)
             store = stack.services.store
             measured = zoo.measured()
@@ -212,9 +199,7 @@ def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, st
             )
             records = json.loads(out_path.read_text())
         finally:
-            server.should_exit = True
-            thread.join(10)
-            stack.close()
+            serving.close()
     slo = {a.model: a.slo_ms for a in mix.architectures}
     queries = []
     for at, model, status, client_ms, timings, tier, error, variant in records:
