@@ -405,7 +405,7 @@ def template_environment(function: str, values: dict[str, str]) -> dict[str, str
             return [evaluate(item) for item in node]
         if not isinstance(node, dict) or len(node) != 1:
             return node
-        (function_name, argument), = node.items()
+        ((function_name, argument),) = node.items()
         if function_name == "Ref":
             return ref(argument)
         if function_name == "Fn::Sub":

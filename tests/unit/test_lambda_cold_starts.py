@@ -28,7 +28,7 @@ from modelless.pools.lambda_local import (
     _Container,
 )
 from modelless.pools.processes import ChildProcess
-from modelless.selection import InfaasPolicy, LambdaTierState
+from modelless.selection import InfaasPolicy, LambdaTierState, queue_wait_ms
 from modelless.types import InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
 from tests.unit.test_selection import (
     LAMBDA,
@@ -265,3 +265,39 @@ def test_an_invocation_takes_an_idle_container_that_holds_its_variant(stand_in: 
 
 def test_an_unmeasured_tier_assumes_a_cold_start_until_it_has_measured_one(stand_in: StandIn) -> None:
     assert stand_in().tier_state().cold_start_ms == UNMEASURED_COLD_START_MS
+
+
+def overloaded(variant: VariantProfile, queued: int) -> WorkerState:
+    """A worker whose one instance of ``variant`` is Overloaded with ``queued`` queries on it."""
+    instance = make_instance(variant.variant_id, InstanceState.OVERLOADED)
+    return make_worker("w1", dataclasses.replace(instance, queue_length=queued), free_slots=0)
+
+
+def test_an_overloaded_instance_answers_late_rather_than_a_slower_cold_start() -> None:
+    # The pool's one instance is saturated and the Lambda tier's container is busy: a new one
+    # would take its cold start (300 ms) and the variant's load, over the 50 ms budget; the
+    # instance's queue is a few runs.
+    variant = on_worker()
+    worker = overloaded(variant, queued=8)
+    workers = [worker, tier(free_slots=1)]
+
+    chosen = POLICY.get_variant(targets(latency=50.0), [variant], workers, lambda_tier=tier_state(idle=0))
+
+    assert (chosen.tier, chosen.worker_id, chosen.state) == (Tier.WORKER, "w1", InstanceState.ACTIVE)
+    wait = queue_wait_ms(variant, 8, worker.instances[0].batch_limit)
+    assert chosen.expected_latency_ms == pytest.approx(variant.latency_ms(1) + wait)
+    assert "the quickest, late" in chosen.reason
+
+
+def test_an_overloaded_instance_is_skipped_for_anything_within_the_budget_or_sooner() -> None:
+    variant = on_worker()
+    # A warm idle container meets the budget: the burst spills there.
+    spill = [overloaded(variant, queued=8), tier((variant.variant_id, InstanceState.ACTIVE))]
+    chosen = POLICY.get_variant(targets(latency=50.0), [variant], spill, lambda_tier=tier_state(idle=1))
+    assert (chosen.tier, chosen.worker_id) == (Tier.LAMBDA, LAMBDA_TIER_ID)
+    # Its queue would take longer than a cold start: the cold start, late.
+    long_queue = [overloaded(variant, queued=100_000), tier(free_slots=1)]
+    chosen = POLICY.get_variant(targets(latency=50.0), [variant], long_queue, lambda_tier=tier_state(idle=0))
+    assert chosen.tier is Tier.LAMBDA
+    expected_cold = variant.load_latency_ms + variant.latency_ms(1) + COLD_START_MS
+    assert chosen.expected_latency_ms == pytest.approx(expected_cold)

@@ -205,3 +205,58 @@ def test_an_empty_problem_is_an_empty_plan() -> None:
     plan = solve_exact(ScalingProblem(variants=[], pools=[], groups=[]), 1.0)
     assert plan.status is PlanStatus.OPTIMAL
     assert plan.total_instances == 0 and plan.cost_per_second == 0.0 and not plan.unmet
+
+
+def stopped_by_the_deadline(
+    monkeypatch: pytest.MonkeyPatch, objective_factor: float, bound_factor: float
+) -> None:
+    """Make every plan solve_exact reads look stopped by its deadline: objective and proven lower
+    bound set from the true plan's objective (HiGHS's incumbent cannot be made poor on cue)."""
+    from dataclasses import replace
+
+    from modelless.scaling import exact
+
+    real_plan = exact._plan
+
+    def poor(*args: object, **kwargs: object) -> object:
+        plan = real_plan(*args, **kwargs)  # type: ignore[arg-type]
+        return replace(
+            plan,
+            status=PlanStatus.TIME_LIMIT,
+            objective=plan.objective * objective_factor,
+            lower_bound=plan.objective * bound_factor,
+        )
+
+    monkeypatch.setattr(exact, "_plan", poor)
+
+
+def test_a_poor_plan_stopped_by_the_deadline_gives_way_to_the_greedys_when_cheaper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    problem = make_problem(8, seed=17)
+    greedy = solve_greedy(problem)
+    optimum = solve_exact(problem, time_limit_s=60.0)
+    assert greedy.objective < 3 * optimum.objective
+    stopped_by_the_deadline(monkeypatch, objective_factor=3.0, bound_factor=1.0)
+
+    plan = solve_exact(problem, time_limit_s=60.0)
+
+    assert plan.solver == "greedy" and plan.status is PlanStatus.TIME_LIMIT
+    assert plan.objective == pytest.approx(greedy.objective)
+    assert plan.lower_bound == pytest.approx(optimum.objective)  # the program's bound still holds
+    assert any("certified gap of 66.7%" in note for note in plan.notes), plan.notes
+    assert violations(problem, plan) == []
+
+
+def test_a_plan_stopped_by_the_deadline_is_kept_when_the_greedys_is_no_cheaper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    problem = make_problem(8, seed=17)
+    optimum = solve_exact(problem, time_limit_s=60.0)
+    stopped_by_the_deadline(monkeypatch, objective_factor=1.0, bound_factor=0.5)
+
+    plan = solve_exact(problem, time_limit_s=60.0)
+
+    assert plan.solver == "milp" and plan.status is PlanStatus.TIME_LIMIT
+    assert plan.objective == pytest.approx(optimum.objective)
+    assert plan.gap == pytest.approx(0.5)

@@ -340,7 +340,7 @@ def test_when_every_instance_is_queued_past_the_budget_and_nothing_else_fits_the
 
     assert (decision.worker_id, decision.state) == ("w2", InstanceState.ACTIVE)
     assert decision.expected_latency_ms == 7.5 + 7 * 7.0
-    assert "queued past the budget" in decision.reason
+    assert "the quickest, late" in decision.reason
 
 
 def test_a_queue_never_breaks_a_query_without_a_latency_target(policy: InfaasPolicy) -> None:
@@ -1219,14 +1219,21 @@ def reference_get_variant(
         and (targets.model_name is None or v.model_name == targets.model_name)
     ]
     eligible_ids = {v.variant_id: v for v in eligible}
+
+    def on_lambda(pool: str) -> bool:
+        spec = DEFAULT_POOLS.get(pool)
+        return spec is not None and spec.kind.value == "lambda"
+
     active = []
     queued_out = []  # met the budget idle, but not behind their queues
+    overloaded_out = []  # Overloaded on a worker: the late answer only where nothing else fits
     for worker in workers:
         for instance in worker.instances:
             variant = eligible_ids.get(instance.variant_id)
+            overloaded = instance.state is InstanceState.OVERLOADED and not on_lambda(worker.pool)
             if (
                 variant is not None
-                and instance.state is InstanceState.ACTIVE
+                and (instance.state is InstanceState.ACTIVE or overloaded)
                 and variant.latency_ms(targets.batch) <= budget
             ):
                 # The queue ahead, run by run at the instance's batch size (within the profile).
@@ -1234,14 +1241,12 @@ def reference_get_variant(
                 runs = -(-instance.queue_length // runs_of)
                 median = variant.latency_p50_ms[min(b for b in variant.latency_p50_ms if b >= runs_of)]
                 expected = variant.latency_ms(targets.batch) + runs * median
-                if expected <= budget:
+                if overloaded:
+                    overloaded_out.append((expected, worker, variant))  # only when nothing fits
+                elif expected <= budget:
                     active.append((variant, worker, instance, expected))
                 else:
                     queued_out.append((expected, worker, variant))
-
-    def on_lambda(pool: str) -> bool:
-        spec = DEFAULT_POOLS.get(pool)
-        return spec is not None and spec.kind.value == "lambda"
 
     def cost(variant: VariantProfile, worker: WorkerState) -> float:
         if on_lambda(worker.pool) and not on_lambda(variant.pool):
@@ -1316,8 +1321,8 @@ def reference_get_variant(
             expected,
             f"{reason}; no worker of pool {variant.pool!r} has room, spilled to the Lambda tier",
         )
-    if queued_out:
-        expected, worker, variant = min(queued_out, key=lambda q: (q[0], q[1].worker_id))
+    if queued_out or overloaded_out:
+        expected, worker, variant = min(queued_out + overloaded_out, key=lambda q: (q[0], q[1].worker_id))
         spec = DEFAULT_POOLS.get(worker.pool)
         return Decision(
             variant=variant,
@@ -1327,9 +1332,8 @@ def reference_get_variant(
             expected_latency_ms=expected,
             worker_address=worker.address or None,
             reason=(
-                f"every active variant meeting accuracy>={targets.min_accuracy:g} and "
-                f"latency<={budget:g} ms is queued past the budget and nothing else answers "
-                "sooner: the quickest, late"
+                f"no variant meeting accuracy>={targets.min_accuracy:g} and latency<={budget:g} ms "
+                "answers within the budget now (queued past it, overloaded or cold): the quickest, late"
             ),
         )
     raise unreachable_error(targets, candidates)
@@ -1671,7 +1675,7 @@ def test_dispatcher_without_a_lambda_tier_serves_on_a_queued_instance_late_rathe
 
     assert result.tier is Tier.WORKER and result.worker_id == "w1"
     assert result.decision.expected_latency_ms == 7.5 + 7 * 7.0
-    assert "queued past the budget" in result.decision.reason
+    assert "the quickest, late" in result.decision.reason
 
 
 def test_dispatcher_without_a_lambda_tier_prefers_a_worker_with_room_to_a_spill() -> None:

@@ -25,6 +25,8 @@ def saturated_queue(batch_limit: int) -> int:
     query arriving then could only go in a third). The worker's monitor and the gateway's own
     in-flight count use this one rule."""
     return max(OVERLOADED_QUEUE, 2 * max(1, batch_limit))
+
+
 INTERFERED_FACTOR = 2.0  # inference p99 this many times the profile's (plus slack) = interfered...
 INTERFERED_EXIT_FACTOR = 1.5  # ...until it is back under this
 INTERFERED_SLACK_MS = 1.0

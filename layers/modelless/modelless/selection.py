@@ -228,7 +228,9 @@ class InfaasPolicy:
     wait for their queue meet the budget; else the inactive variant with the lowest load +
     inference latency, on the least-utilised worker of its pool or, when no worker has room, on
     the Lambda tier; else, late, the instance whose queue delays it least. Overloaded and
-    Interfered instances are skipped.
+    Interfered instances are skipped, but for this: where nothing meets the budget, an
+    Overloaded instance on a worker that would answer sooner than any alternative (a cold start
+    on the Lambda tier, above all) is the late answer.
 
     Given the Lambda tier's state, a cold start counts: in the expected latency of a decision
     that needs one (ranking the inactive variants), and, for a query whose budget a cold start
@@ -262,10 +264,12 @@ class InfaasPolicy:
         best_expected = 0.0
         queued_out: tuple[float, str, Scored, WorkerState] | None = None
         lookup = table.get
+        overloaded_out: tuple[float, str, Scored, WorkerState] | None = None
         for worker in workers:
             on_lambda = self._is_lambda(worker.pool)
             for instance in worker.instances:
-                if instance.state is not InstanceState.ACTIVE:
+                state = instance.state
+                if state is not InstanceState.ACTIVE and (state is not InstanceState.OVERLOADED or on_lambda):
                     continue
                 scored = lookup(instance.variant_id)
                 if (
@@ -279,11 +283,18 @@ class InfaasPolicy:
                 expected = scored.latency_ms
                 if queued > 0:
                     expected += queue_wait_ms(scored.variant, queued, instance.batch_limit)
-                    if not expected <= budget:
-                        late = (expected, worker.worker_id, scored, worker)
-                        if queued_out is None or late[:2] < queued_out[:2]:
-                            queued_out = late
-                        continue
+                if state is InstanceState.OVERLOADED:
+                    # Skipped (INFaaS), unless nothing else would meet the budget: then it may
+                    # still answer sooner than a cold start or a longer queue elsewhere.
+                    late = (expected, worker.worker_id, scored, worker)
+                    if overloaded_out is None or late[:2] < overloaded_out[:2]:
+                        overloaded_out = late
+                    continue
+                if not expected <= budget:  # its queue (its profiled latency meets the budget)
+                    late = (expected, worker.worker_id, scored, worker)
+                    if queued_out is None or late[:2] < queued_out[:2]:
+                        queued_out = late
+                    continue
                 cost = scored.cost
                 if on_lambda and not self._is_lambda(scored.variant.pool):
                     # A worker variant spilled to the Lambda tier runs at Lambda's price there.
@@ -350,17 +361,25 @@ class InfaasPolicy:
                     )
                 if chosen is None or placed.expected_latency_ms < chosen.expected_latency_ms:
                     chosen = placed
-        if queued_out is not None and (chosen is None or queued_out[0] < chosen.expected_latency_ms):
-            # Every instance that meets the targets is queued past the budget, and nothing else
-            # would answer sooner: the quickest of them, late (a queue is a transient: a refusal
-            # would name a variant that meets the targets once its queue has drained).
-            expected, _, scored, worker = queued_out
+        late_out = queued_out
+        if (
+            overloaded_out is not None
+            and (chosen is None or not chosen.expected_latency_ms <= budget)
+            and (late_out is None or overloaded_out[:2] < late_out[:2])
+        ):
+            late_out = overloaded_out
+        if late_out is not None and (chosen is None or late_out[0] < chosen.expected_latency_ms):
+            # Nothing meets the budget now: every instance that meets the targets is queued past
+            # it or Overloaded, and a new one (its load, a cold start) would answer later still:
+            # the quickest of them, late (a queue is a transient: a refusal would name a variant
+            # that meets the targets once its queue has drained).
+            expected, _, scored, worker = late_out
             return self._active(
                 scored,
                 worker,
                 expected,
-                f"every active variant meeting accuracy>={min_accuracy:g} and latency<={budget:g} ms "
-                f"is queued past the budget and nothing else answers sooner: the quickest, late",
+                f"no variant meeting accuracy>={min_accuracy:g} and latency<={budget:g} ms answers within "
+                f"the budget now (queued past it, overloaded or cold): the quickest, late",
             )
         if chosen is not None:
             return chosen
