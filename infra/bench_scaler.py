@@ -307,7 +307,9 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         statuses = "/".join(sorted({r["exact"]["status"] for r in runs}))
         limited_statuses = sorted({r["limited"]["status"] for r in runs})
         from_greedy = sum(r["limited"]["solver"] == "greedy" for r in runs)
-        limited_how = "/".join(limited_statuses) + (f"; {from_greedy} the greedy's" if from_greedy else "")
+        limited_how = "/".join(limited_statuses) + (
+            f"; the greedy's plan in {from_greedy}" if from_greedy else ""
+        )
         compact = [r["compact"]["seconds"] for r in runs if "compact" in r]
         lines.append(
             "| " + " | ".join([
@@ -352,8 +354,9 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         "deadline for the whole call): the plan it returns, the gap it proves against its own lower "
         "bound (`ScalingPlan.gap`, 0 when proven optimal), and its actual gap to the optimum found by "
         "the run to the proof; where the deadline stopped HiGHS with a certified gap over "
-        f"{100 * POOR_GAP:g} %, the greedy's plan replaces its plan when cheaper (\"the greedy's\": "
-        "the greedy's first pass runs whatever the time, so those calls overrun the deadline); "
+        f"{100 * POOR_GAP:g} %, the greedy's plan replaces its plan when cheaper "
+        "(\"the greedy's plan in n\": the greedy's first pass runs whatever the time, so those calls "
+        "overrun the deadline); "
         "*the compact program* is `solve_compact`, the same program written as "
         "INFaaS does (integer instances per variant, no patterns), on the same problems, to the same "
         "optimum.",
