@@ -716,7 +716,8 @@ class Simulation:
             memory: sum(1 for c in containers if c.ready_at <= now and c.busy_until <= now)
             for memory, containers in self.containers.items()
         }
-        return LambdaTierState(idle, LAMBDA_MB_PER_VCPU, self.config.lambda_init_ms)
+        full = not any(idle.values()) and self.container_count >= self.config.lambda_concurrency
+        return LambdaTierState(idle, LAMBDA_MB_PER_VCPU, self.config.lambda_init_ms, full)
 
     def _lambda_pool_name(self) -> str:
         return next((n for n, s in self.pools.items() if s.kind is PoolKind.LAMBDA), "lambda-cpu")

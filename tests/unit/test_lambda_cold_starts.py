@@ -28,7 +28,7 @@ from modelless.pools.lambda_local import (
     _Container,
 )
 from modelless.pools.processes import ChildProcess
-from modelless.selection import InfaasPolicy, LambdaTierState, queue_wait_ms
+from modelless.selection import NO_LAMBDA_TIER, InfaasPolicy, LambdaTierState, queue_wait_ms
 from modelless.types import InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
 from tests.unit.test_selection import (
     LAMBDA,
@@ -69,8 +69,9 @@ def tier(*instances: tuple[str, InstanceState], free_slots: int = 1) -> WorkerSt
     )
 
 
-def tier_state(idle: int) -> LambdaTierState:
-    return LambdaTierState({LAMBDA_MB_PER_VCPU: idle} if idle else {}, LAMBDA_MB_PER_VCPU, COLD_START_MS)
+def tier_state(idle: int, full: bool = False) -> LambdaTierState:
+    idle_by_memory = {LAMBDA_MB_PER_VCPU: idle} if idle else {}
+    return LambdaTierState(idle_by_memory, LAMBDA_MB_PER_VCPU, COLD_START_MS, full)
 
 
 def test_a_tight_query_prefers_a_workers_instance_to_a_warm_container() -> None:
@@ -263,6 +264,13 @@ def test_an_invocation_takes_an_idle_container_that_holds_its_variant(stand_in: 
     assert other is lambda_tier._containers[1]  # none holds it: the warmest idle one
 
 
+def test_the_local_tier_is_full_once_every_container_it_may_run_is_busy(stand_in: StandIn) -> None:
+    # Concurrency 4: an idle container would give its place up to a new one, so only busy ones count.
+    assert not stand_in(({"a"}, True, 400.0), ({"b"}, True, 400.0), ({"c"}, False, 400.0)).tier_state().full
+    four_busy = stand_in(*[({"a"}, True, 400.0)] * 4)
+    assert four_busy.tier_state().full
+
+
 def test_an_unmeasured_tier_assumes_a_cold_start_until_it_has_measured_one(stand_in: StandIn) -> None:
     assert stand_in().tier_state().cold_start_ms == UNMEASURED_COLD_START_MS
 
@@ -273,31 +281,32 @@ def overloaded(variant: VariantProfile, queued: int) -> WorkerState:
     return make_worker("w1", dataclasses.replace(instance, queue_length=queued), free_slots=0)
 
 
-def test_an_overloaded_instance_answers_late_rather_than_a_slower_cold_start() -> None:
-    # The pool's one instance is saturated and the Lambda tier's container is busy: a new one
-    # would take its cold start (300 ms) and the variant's load, over the 50 ms budget; the
-    # instance's queue is a few runs.
+def test_an_overloaded_instance_answers_late_rather_than_wait_for_a_full_tiers_container() -> None:
+    # The pool's one instance is saturated and the Lambda tier is at its concurrency limit, its
+    # containers busy: a query there would wait for one of them, for as long as it runs.
     variant = on_worker()
     worker = overloaded(variant, queued=8)
-    workers = [worker, tier(free_slots=1)]
+    workers = [worker, tier(free_slots=0)]
 
-    chosen = POLICY.get_variant(targets(latency=50.0), [variant], workers, lambda_tier=tier_state(idle=0))
+    for tier_view in (tier_state(idle=0, full=True), NO_LAMBDA_TIER):
+        chosen = POLICY.get_variant(targets(latency=50.0), [variant], workers, lambda_tier=tier_view)
 
-    assert (chosen.tier, chosen.worker_id, chosen.state) == (Tier.WORKER, "w1", InstanceState.ACTIVE)
-    wait = queue_wait_ms(variant, 8, worker.instances[0].batch_limit)
-    assert chosen.expected_latency_ms == pytest.approx(variant.latency_ms(1) + wait)
-    assert "the quickest, late" in chosen.reason
+        assert (chosen.tier, chosen.worker_id, chosen.state) == (Tier.WORKER, "w1", InstanceState.ACTIVE)
+        wait = queue_wait_ms(variant, 8, worker.instances[0].batch_limit)
+        assert chosen.expected_latency_ms == pytest.approx(variant.latency_ms(1) + wait)
+        assert "the quickest, late" in chosen.reason
 
 
-def test_an_overloaded_instance_is_skipped_for_anything_within_the_budget_or_sooner() -> None:
+def test_a_burst_on_an_overloaded_instance_spills_while_the_tier_can_take_it() -> None:
     variant = on_worker()
     # A warm idle container meets the budget: the burst spills there.
     spill = [overloaded(variant, queued=8), tier((variant.variant_id, InstanceState.ACTIVE))]
     chosen = POLICY.get_variant(targets(latency=50.0), [variant], spill, lambda_tier=tier_state(idle=1))
     assert (chosen.tier, chosen.worker_id) == (Tier.LAMBDA, LAMBDA_TIER_ID)
-    # Its queue would take longer than a cold start: the cold start, late.
-    long_queue = [overloaded(variant, queued=100_000), tier(free_slots=1)]
-    chosen = POLICY.get_variant(targets(latency=50.0), [variant], long_queue, lambda_tier=tier_state(idle=0))
+    # No idle container, but room for a new one: a cold start, late, absorbs the burst (the next
+    # queries find the container warm) rather than queueing it on the instance.
+    cold = [overloaded(variant, queued=8), tier(free_slots=1)]
+    chosen = POLICY.get_variant(targets(latency=50.0), [variant], cold, lambda_tier=tier_state(idle=0))
     assert chosen.tier is Tier.LAMBDA
     expected_cold = variant.load_latency_ms + variant.latency_ms(1) + COLD_START_MS
     assert chosen.expected_latency_ms == pytest.approx(expected_cold)

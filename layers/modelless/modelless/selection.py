@@ -48,11 +48,14 @@ class LambdaTierState:
     ``idle_by_memory``: idle containers per memory size (MB; a container serves one size, as a
     Lambda function has one): a query there pays its variant's load at most, no process start.
     ``cold_start_ms``: what starting a new container is expected to take before the variant's
-    load (the tier's measured mean)."""
+    load (the tier's measured mean). ``full``: every container the tier may run is busy or
+    starting (its concurrency limit): no cold start is on offer, a query there waits for a
+    container to finish."""
 
     idle_by_memory: Mapping[int, int]
     default_memory_mb: int
     cold_start_ms: float
+    full: bool = False
 
     def has_idle(self, variant: VariantProfile) -> bool:
         """Whether a query for ``variant`` would find an idle container (no cold start)."""
@@ -63,7 +66,7 @@ class LambdaTierState:
 # new one never starts, so a decision there is expected never to answer. Any instance on a worker
 # goes first, a queued one too (late); with nowhere else, the decision names the Lambda tier still,
 # and the dispatcher fails it with a clear 503.
-NO_LAMBDA_TIER = LambdaTierState(idle_by_memory={}, default_memory_mb=0, cold_start_ms=math.inf)
+NO_LAMBDA_TIER = LambdaTierState(idle_by_memory={}, default_memory_mb=0, cold_start_ms=math.inf, full=True)
 
 
 class SelectionPolicy(Protocol):
@@ -228,9 +231,9 @@ class InfaasPolicy:
     wait for their queue meet the budget; else the inactive variant with the lowest load +
     inference latency, on the least-utilised worker of its pool or, when no worker has room, on
     the Lambda tier; else, late, the instance whose queue delays it least. Overloaded and
-    Interfered instances are skipped, but for this: where nothing meets the budget, an
-    Overloaded instance on a worker that would answer sooner than any alternative (a cold start
-    on the Lambda tier, above all) is the late answer.
+    Interfered instances are skipped, but for this: where nothing meets the budget and nothing
+    new can start (no placement, or a Lambda tier at its concurrency limit), an Overloaded
+    instance on a worker is the late answer; while a container can start, a burst spills to it.
 
     Given the Lambda tier's state, a cold start counts: in the expected latency of a decision
     that needs one (ranking the inactive variants), and, for a query whose budget a cold start
@@ -284,8 +287,8 @@ class InfaasPolicy:
                 if queued > 0:
                     expected += queue_wait_ms(scored.variant, queued, instance.batch_limit)
                 if state is InstanceState.OVERLOADED:
-                    # Skipped (INFaaS), unless nothing else would meet the budget: then it may
-                    # still answer sooner than a cold start or a longer queue elsewhere.
+                    # Skipped (INFaaS), unless nothing meets the budget and nothing new can start
+                    # (below): then its queue is the quickest way to an answer.
                     late = (expected, worker.worker_id, scored, worker)
                     if overloaded_out is None or late[:2] < overloaded_out[:2]:
                         overloaded_out = late
@@ -361,18 +364,22 @@ class InfaasPolicy:
                     )
                 if chosen is None or placed.expected_latency_ms < chosen.expected_latency_ms:
                     chosen = placed
+        # Stuck: nothing new can start in time: no placement at all, or only one on a Lambda tier
+        # at its concurrency limit (it would wait for a busy container, for as long as that runs).
+        stuck = chosen is None or (
+            not chosen.expected_latency_ms <= budget
+            and chosen.tier is Tier.LAMBDA
+            and lambda_tier is not None
+            and lambda_tier.full
+        )
         late_out = queued_out
-        if (
-            overloaded_out is not None
-            and (chosen is None or not chosen.expected_latency_ms <= budget)
-            and (late_out is None or overloaded_out[:2] < late_out[:2])
-        ):
+        if overloaded_out is not None and stuck and (late_out is None or overloaded_out[:2] < late_out[:2]):
             late_out = overloaded_out
-        if late_out is not None and (chosen is None or late_out[0] < chosen.expected_latency_ms):
+        if late_out is not None and (stuck or chosen is None or late_out[0] < chosen.expected_latency_ms):
             # Nothing meets the budget now: every instance that meets the targets is queued past
-            # it or Overloaded, and a new one (its load, a cold start) would answer later still:
-            # the quickest of them, late (a queue is a transient: a refusal would name a variant
-            # that meets the targets once its queue has drained).
+            # it (or, when nothing new can start, Overloaded), and a new one would answer later
+            # still: the quickest of them, late (a queue is a transient: a refusal would name a
+            # variant that meets the targets once its queue has drained).
             expected, _, scored, worker = late_out
             return self._active(
                 scored,

@@ -291,9 +291,11 @@ class LocalLambdaTier:
             for container in self._containers:
                 if not container.busy:
                     idle[container.memory_mb] = idle.get(container.memory_mb, 0) + 1
+            busy = len(self._containers) - sum(idle.values())
+            full = busy + self._starting >= self.concurrency  # an idle one would give its place up
             measured = list(self._cold_start_ms)
         expected = sum(measured) / len(measured) if measured else UNMEASURED_COLD_START_MS
-        return LambdaTierState(idle, self.memory_mb, expected)
+        return LambdaTierState(idle, self.memory_mb, expected, full)
 
     @property
     def size(self) -> int:
