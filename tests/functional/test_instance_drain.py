@@ -39,6 +39,7 @@ from tests.functional.workers_kit import (
     Load,
     Setup,
     expected_logits,
+    gate_worker_runs,
     make_variant,
     payload,
     publish_linear_model,
@@ -144,22 +145,7 @@ def test_a_busy_surplus_instance_is_drained_for_the_planned_variant_and_no_query
 def test_a_draining_instance_refuses_new_queries_finishes_its_own_then_frees_its_slot(
     setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import infra.worker_server as worker_server
-
-    entered, release = threading.Event(), threading.Event()
-    real_runner = worker_server._session_runner
-
-    def gated_runner(loaded: Any) -> Any:
-        run = real_runner(loaded)
-
-        def gated(inputs: np.ndarray) -> np.ndarray:
-            entered.set()
-            assert release.wait(INVOKE_TIMEOUT_S), "the test never released the run"
-            return run(inputs)
-
-        return gated
-
-    monkeypatch.setattr(worker_server, "_session_runner", gated_runner)
+    entered, release = gate_worker_runs(monkeypatch)
     worker = Worker("drain-0", "cpu", 1, setup.repository_url, setup.tmp / "cache")
     variant, other, inputs = make_variant(), make_variant(suffix="-other"), sample_inputs(2)
     outcome: list[dict[str, Any]] = []

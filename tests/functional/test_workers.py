@@ -49,6 +49,7 @@ from tests.functional.workers_kit import (
     REPORT_WITHIN_S,
     Setup,
     expected_logits,
+    gate_worker_runs,
     make_variant,
     payload,
     publish_linear_model,
@@ -471,20 +472,7 @@ def test_a_request_finishing_after_its_variant_was_unloaded_does_not_bring_it_ba
     setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The batch run waits on a gate, so that the unload lands while the request is in flight.
-    entered, release = threading.Event(), threading.Event()
-    real_runner = worker_server._session_runner
-
-    def gated_runner(loaded: Any) -> Any:
-        run = real_runner(loaded)
-
-        def gated(inputs: np.ndarray) -> np.ndarray:
-            entered.set()
-            assert release.wait(INVOKE_TIMEOUT_S), "the test never released the run"
-            return run(inputs)
-
-        return gated
-
-    monkeypatch.setattr(worker_server, "_session_runner", gated_runner)
+    entered, release = gate_worker_runs(monkeypatch)
     worker = Worker("race-0", "cpu", 2, setup.repository_url, setup.tmp / "cache")
     variant, inputs = make_variant(), sample_inputs(2)
     outcome: list[dict[str, Any]] = []

@@ -34,6 +34,29 @@ T = TypeVar("T")
 # --- helpers ----------------------------------------------------------------------------------
 
 
+def gate_worker_runs(monkeypatch: Any) -> tuple[threading.Event, threading.Event]:
+    """Make an in-process ``infra.worker_server`` Worker's batch runs wait on a gate: returns
+    (entered: a run has started, release: set it to let runs finish), so that a test can act
+    while a request is in flight."""
+    import infra.worker_server as worker_server
+
+    entered, release = threading.Event(), threading.Event()
+    real_runner = worker_server._session_runner
+
+    def gated_runner(loaded: Any) -> Any:
+        run = real_runner(loaded)
+
+        def gated(inputs: np.ndarray) -> np.ndarray:
+            entered.set()
+            assert release.wait(INVOKE_TIMEOUT_S), "the test never released the run"
+            return run(inputs)
+
+        return gated
+
+    monkeypatch.setattr(worker_server, "_session_runner", gated_runner)
+    return entered, release
+
+
 def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
     """Poll ``probe`` until it returns something other than None/False, for at most ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
