@@ -12,7 +12,7 @@
 #      it there, across the VPC);
 #   2. installs the project into /opt/modelless/venv from the wheel published beside this script
 #      (the gpu pool swaps onnxruntime for onnxruntime-gpu where an NVIDIA driver is present);
-#   3. starts two systemd services: modelless-worker (infra.worker_server on port 8500; a stop
+#   3. starts two systemd services: modelless-worker (modelless.worker.server on port 8500; a stop
 #      sends SIGTERM, and the worker stops reporting, finishes what is in flight, then exits) and
 #      modelless-lifecycle (infra/aws/worker-lifecycle.sh: on scale-in, drains the worker and then
 #      completes the group's termination lifecycle action).

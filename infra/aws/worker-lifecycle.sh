@@ -5,7 +5,7 @@
 # instance is held in Terminating:Wait by the group's lifecycle hook (template.yaml: modelless-drain)
 # while this script
 #   1. stops the worker service: SIGTERM, on which the worker stops reporting, finishes the
-#      requests in flight and exits (infra.worker_server);
+#      requests in flight and exits (modelless.worker.server);
 #   2. removes the worker's last report from the metadata store, so that no gateway picks it in
 #      the seconds before the report would go stale;
 #   3. completes the lifecycle action, and the termination goes on.

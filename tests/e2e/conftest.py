@@ -53,7 +53,7 @@ def start_stack(state_dir: Path, metadata: str, workers: int = 2) -> RunningStac
         [
             sys.executable,
             "-m",
-            "infra.local_stack",
+            "infra.local.stack",
             "--port",
             str(port),
             "--workers",

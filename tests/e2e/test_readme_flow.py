@@ -206,7 +206,7 @@ def test_scripts_run_demo_registers_the_zoo_and_answers(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "infra.demo",
+            "infra.local.demo",
             "--exit-after-demo",
             "--port",
             str(port),

@@ -32,7 +32,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from infra.lambda_artifacts import load_template
+from infra.build.lambda_artifacts import load_template
 from modelless.auth import hash_key
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key

@@ -1,4 +1,4 @@
-"""Bad uploads over real HTTP against the embedded stack (``python -m infra.local_stack``):
+"""Bad uploads over real HTTP against the embedded stack (``python -m infra.local.stack``):
 oversized bodies are refused with 413 as they arrive, broken models and validation sets with a
 400 that says what is wrong, and none of them leaves a model or an object behind."""
 

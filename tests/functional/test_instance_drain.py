@@ -22,7 +22,6 @@ import httpx
 import numpy as np
 import pytest
 
-from infra.worker_server import Worker
 from modelless.dispatcher import Dispatcher, QueryResult
 from modelless.exceptions import InvalidInputError, ServiceUnavailableError
 from modelless.metadata.redis import RedisMetadataStore
@@ -32,6 +31,7 @@ from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.runtime import decode_array
 from modelless.selection import InfaasPolicy
 from modelless.types import QueryTargets, VariantProfile, WorkerState
+from modelless.worker.server import Worker
 from tests.functional.workers_kit import (
     APP,
     INVOKE_TIMEOUT_S,

@@ -26,6 +26,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from infra.local.lambda_container import local_lambda_tier
 from modelless.dispatcher import Dispatcher, QueryResult
 from modelless.load import group_of
 from modelless.metadata.redis import RedisMetadataStore
@@ -100,7 +101,7 @@ def one_slot_pool(
 
 @pytest.fixture
 def wide_tier(wide_repository: str, tmp_path: Path) -> Iterator[LocalLambdaTier]:
-    tier = LocalLambdaTier(
+    tier = local_lambda_tier(
         wide_repository, log_dir=tmp_path / "lambda-logs", cache_dir=tmp_path / "lambda-cache", concurrency=2
     )
     try:

@@ -1,6 +1,6 @@
 """Pool providers against real backends: the AWS one through boto3 against the emulated EC2 and
 Auto Scaling endpoint (moto's server), exactly the calls it makes in AWS, with its workers real
-``infra.worker_server`` processes that report into a real Redis, as the instances' workers do."""
+``modelless.worker.server`` processes that report into a real Redis, as the instances' workers do."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def workers_of(setup: Setup, redis_store: RedisMetadataStore) -> Iterator[Any]:
         for worker_id in worker_ids:
             child = spawn(
                 worker_id,
-                "infra.worker_server",
+                "modelless.worker",
                 ["--worker-id", worker_id, "--pool", "cpu", "--slots", "2", "--repository",
                  setup.repository_url, "--cache-dir", str(setup.tmp / "cache"), "--report-url", report_url],
                 setup.tmp / "logs",
@@ -193,7 +193,7 @@ def test_the_boot_package_is_published_where_the_user_data_reads_it(
 
     import boto3
 
-    from infra.publish_worker import build_wheel, deploy_files, publish
+    from infra.build.publish_worker import build_wheel, deploy_files, publish
 
     s3 = boto3.client("s3", endpoint_url=aws_endpoint)
     s3.put_object(Bucket=s3_bucket, Key="deploy/wheels/modelless-0.0.1-py3-none-any.whl", Body=b"old")
@@ -212,6 +212,6 @@ def test_the_boot_package_is_published_where_the_user_data_reads_it(
     } == set(keys)
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    assert {"infra/worker_server.py", "modelless/pools/aws.py", "variants/__init__.py"} <= names
+    assert {"modelless/worker/server.py", "modelless/pools/aws.py", "variants/__init__.py"} <= names
     boot = s3.get_object(Bucket=s3_bucket, Key="deploy/worker-boot.sh")["Body"].read()
     assert boot == (Path(__file__).resolve().parents[2] / "infra/aws/worker-boot.sh").read_bytes()

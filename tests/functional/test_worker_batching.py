@@ -133,7 +133,7 @@ def spawn_worker(setup: Setup, name: str, *extra: str) -> ChildProcess:
     """A worker started directly, for flags the pool provider does not pass (``--no-batching``)."""
     return spawn(
         name,
-        "infra.worker_server",
+        "modelless.worker",
         [
             "--worker-id",
             name,

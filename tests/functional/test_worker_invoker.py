@@ -19,8 +19,8 @@ from modelless.pools.invokers import HttpWorkerInvoker, WorkerBusyError, WorkerU
 
 class Worker(ThreadingHTTPServer):
     daemon_threads = True
-    # As the real worker's (infra/worker_server.py): socketserver's backlog of 5 makes a burst of
-    # concurrent callers see "connection reset" on a busy machine.
+    # As the real worker's (modelless/worker/server.py): socketserver's backlog of 5 makes a
+    # burst of concurrent callers see "connection reset" on a busy machine.
     request_queue_size = 1024
     close_after_reply = False  # drop each connection after its reply, without saying so
     requests = 0

@@ -20,11 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-import infra.worker_server as worker_server
 import modelless.dispatcher as dispatcher_module
 import modelless.metadata.redis as redis_backend
 import modelless.pools.lambda_local as lambda_local
-from infra.worker_server import Worker, advertise_host_for, http_address
+import modelless.worker.server as worker_server
 from modelless.dispatcher import Dispatcher, QueryFailedError, QueryResult
 from modelless.exceptions import ModellessError, ServiceUnavailableError
 from modelless.metadata.redis import RedisMetadataStore
@@ -42,6 +41,7 @@ from modelless.types import (
     VariantProfile,
     WorkerState,
 )
+from modelless.worker.server import Worker, advertise_host_for, http_address
 from tests.functional.workers_kit import (
     APP,
     INVOKE_TIMEOUT_S,
@@ -544,7 +544,7 @@ def test_worker_binds_every_interface_on_a_fixed_port_and_reports_the_advertised
     report_url = f"{os.environ['MODELLESS_TEST_REDIS_URL']}?prefix={redis_store.keys.prefix}"
     child = spawn(
         "ec2-0",
-        "infra.worker_server",
+        "modelless.worker",
         [
             *("--worker-id", "ec2-0", "--pool", "cpu", "--repository", setup.repository_url),
             *("--cache-dir", str(tmp_path / "cache"), "--report-url", report_url),

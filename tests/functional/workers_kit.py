@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import numpy as np
 import onnxruntime as ort
 
+from infra.local.lambda_container import local_lambda_tier
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
@@ -35,10 +36,10 @@ T = TypeVar("T")
 
 
 def gate_worker_runs(monkeypatch: Any) -> tuple[threading.Event, threading.Event]:
-    """Make an in-process ``infra.worker_server`` Worker's batch runs wait on a gate: returns
+    """Make an in-process ``modelless.worker.server`` Worker's batch runs wait on a gate: returns
     (entered: a run has started, release: set it to let runs finish), so that a test can act
     while a request is in flight."""
-    import infra.worker_server as worker_server
+    import modelless.worker.server as worker_server
 
     entered, release = threading.Event(), threading.Event()
     real_runner = worker_server._session_runner
@@ -190,7 +191,7 @@ class Setup:
 
 
 def make_tier(setup: Setup, concurrency: int) -> LocalLambdaTier:
-    return LocalLambdaTier(
+    return local_lambda_tier(
         setup.repository_url,
         log_dir=setup.tmp / "lambda-logs",
         cache_dir=setup.tmp / "lambda-cache",

@@ -223,7 +223,9 @@ def stand_in(tmp_path: Path) -> Iterator[StandIn]:
     made: list[LocalLambdaTier] = []
 
     def make(*containers: Container) -> LocalLambdaTier:
-        lambda_tier = LocalLambdaTier("unused", tmp_path / "logs", tmp_path / "cache", concurrency=4)
+        lambda_tier = LocalLambdaTier(
+            "unused", "unused", tmp_path / "logs", tmp_path / "cache", concurrency=4
+        )
         for variants, busy, started_ms in containers:
             child = cast(ChildProcess, StandInChild(started_ms))
             lambda_tier._containers.append(

@@ -9,7 +9,6 @@ from collections.abc import Callable, Mapping
 
 import pytest
 
-from infra.bench_scaler import make_problem
 from modelless.scaling import (
     PlanStatus,
     ScalingGroup,
@@ -24,6 +23,7 @@ from modelless.scaling import (
     violations,
 )
 from modelless.types import VariantProfile
+from sim.problems import make_problem
 
 Solver = Callable[[ScalingProblem], ScalingPlan]
 SOLVERS: list[Solver] = [solve_exact, solve_greedy]

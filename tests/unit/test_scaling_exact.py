@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from infra.bench_scaler import make_problem
 from modelless.scaling import (
     PlanStatus,
     ScalingGroup,
@@ -32,6 +31,7 @@ from modelless.scaling.patterns import (
     usable_variants,
 )
 from modelless.scaling.problem import first_fit_workers
+from sim.problems import make_problem
 
 VCPU = "vcpu"
 

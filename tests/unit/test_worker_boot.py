@@ -1,5 +1,5 @@
 """The worker instances' boot package (infra/aws/) against what it meets on an instance: the
-settings template.yaml's user data writes, the flags infra.worker_server accepts, the port the
+settings template.yaml's user data writes, the flags modelless.worker.server accepts, the port the
 worker security group opens, the lifecycle hook the groups carry, and the keys
 scripts/publish-worker uploads. No AWS, no instance: the scripts are parsed and checked here, and
 the drain script is run for real in tests/functional/test_worker_lifecycle.py."""
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from infra.lambda_artifacts import load_template
-from infra.publish_worker import deploy_files
+from infra.build.lambda_artifacts import load_template
+from infra.build.publish_worker import deploy_files
 
 ROOT = Path(__file__).resolve().parents[2]
 AWS_DIR = ROOT / "infra" / "aws"
@@ -77,7 +77,7 @@ def test_the_worker_service_uses_only_flags_the_worker_server_accepts() -> None:
         re.findall(
             r"--[a-z][a-z-]+",
             subprocess.run(
-                [sys.executable, "-m", "infra.worker_server", "--help"],
+                [sys.executable, "-m", "modelless.worker", "--help"],
                 cwd=ROOT,
                 capture_output=True,
                 text=True,
@@ -86,9 +86,9 @@ def test_the_worker_service_uses_only_flags_the_worker_server_accepts() -> None:
         )
     )
     command = exec_start(WORKER_UNIT)
-    assert command[:3] == ["/opt/modelless/venv/bin/python", "-m", "infra.worker_server"]
+    assert command[:3] == ["/opt/modelless/venv/bin/python", "-m", "modelless.worker"]
     flags = [token for token in command if token.startswith("--")]
-    assert set(flags) <= accepted, f"flags infra.worker_server does not take: {set(flags) - accepted}"
+    assert set(flags) <= accepted, f"flags modelless.worker.server does not take: {set(flags) - accepted}"
     # Bound on every interface, reached at the instance's private IP, as its instance id.
     arguments = dict(zip(command[3::2], command[4::2], strict=True))
     assert arguments["--host"] == "0.0.0.0"
@@ -134,7 +134,7 @@ def test_each_pool_drains_under_the_lifecycle_hook_its_instances_complete(pool: 
 
 def test_stopping_the_worker_drains_it() -> None:
     unit = WORKER_UNIT.read_text()
-    assert "KillSignal=SIGTERM" in unit  # infra.worker_server drains on SIGTERM
+    assert "KillSignal=SIGTERM" in unit  # modelless.worker.server drains on SIGTERM
     assert "KillMode=mixed" in unit  # SIGTERM to the worker itself; SIGKILL only at the timeout
     lifecycle = (AWS_DIR / "worker-lifecycle.sh").read_text()
     stop = lifecycle.index("systemctl stop modelless-worker.service")

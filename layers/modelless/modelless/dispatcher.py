@@ -51,8 +51,8 @@ RECENT_LOAD_S = 3.0
 # store is read at most once per this interval per app, in one round trip, and consecutive
 # queries share the snapshot. Workers report every second anyway, and this dispatcher's own
 # placements since are laid over the snapshot on every query. Kept under the quiet spell a
-# stopping worker waits for (infra/json_http.py), so that queries sent from an old view still
-# reach it. A miss (no variant meets the targets) is never answered from a snapshot. 0: read
+# stopping worker waits for (modelless/worker/http.py), so that queries sent from an old view
+# still reach it. A miss (no variant meets the targets) is never answered from a snapshot. 0: read
 # the store on every decision.
 LIVE_STATE_TTL_S = 0.2
 

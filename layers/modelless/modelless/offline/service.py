@@ -159,7 +159,7 @@ class LambdaLauncher:
 def runs_in_child_processes(settings: Settings) -> bool:
     """``MODELLESS_OFFLINE_RUNNER``: "process", "thread", or "auto" (the default): a child
     process per job whenever the metadata store is shared (Redis), since a job run in the
-    gateway's own process competes with online queries for its CPU and GIL (infra/bench_offline.py
+    gateway's own process competes with online queries for its CPU and GIL (bench/offline.py
     measures the difference); a thread otherwise (the in-memory store lives in this process)."""
     mode = settings.offline_runner
     if mode not in {"auto", "process", "thread"}:

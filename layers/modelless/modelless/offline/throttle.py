@@ -21,7 +21,7 @@ The thresholds (``ThrottleConfig``; ``MODELLESS_OFFLINE_*`` settings):
   the factors at which the worker itself declares an instance Interfered and lets it go
   (monitoring.INTERFERED_FACTOR / INTERFERED_EXIT_FACTOR): since this measure includes queueing
   and that one does not, offline work pauses no later than online traffic would be turned away
-  from the instance. ``infra/bench_offline.py`` reports the ratio online load alone produces;
+  from the instance. ``bench/offline.py`` reports the ratio online load alone produces;
 - **instance state**: an Overloaded or Interfered instance pauses offline work on its worker.
 
 Each exit has hysteresis: pause above one threshold, resume only below a lower one, in a report

@@ -2,7 +2,7 @@
 the VPC at the addresses they advertise in the metadata store.
 
 - **Scaling out** sets the group's desired capacity (clamped to its min/max, which the template
-  owns); each new instance's boot script starts ``infra.worker_server`` with its instance id as
+  owns); each new instance's boot script starts ``modelless.worker.server`` with its instance id as
   its worker id (infra/aws/worker-boot.sh).
 - **Scaling in** chooses the instances that leave, as the local provider stops the newest worker:
   those whose workers hold the fewest instances and carry the least load (an instance still

@@ -31,7 +31,7 @@ from modelless.types import InstanceState, InstanceStats, WorkerState
 
 INVOKE_PATH = "/2015-03-31/functions/function/invocations"  # the Lambda runtime emulator's path
 LAMBDA_TIER_ID = "lambda-tier"
-# The function's timeout (what infra/lambda_container.py tells the handler it has): an invocation
+# The function's timeout (what infra/local/lambda_container.py tells the handler it has): an invocation
 # still running past it ends with its container, whether or not its caller still waits.
 FUNCTION_TIMEOUT_S = 30.0
 # What a container's start is expected to take until the tier has measured one of its own: the
@@ -73,6 +73,7 @@ class _ColdStart:
 class LocalLambdaTier:
     def __init__(
         self,
+        container_module: str,
         repository_url: str,
         log_dir: Path,
         cache_dir: Path,
@@ -80,6 +81,10 @@ class LocalLambdaTier:
         concurrency: int = 4,
         idle_timeout_s: float = 300.0,
     ) -> None:
+        # What a container runs (``python -m container_module --repository … --cache-dir …``):
+        # the embedded stack's emulation of the Lambda runtime around functions/cpu_worker
+        # (``infra.local.lambda_container``), which the library does not ship.
+        self._container_module = container_module
         self.memory_mb = memory_mb
         self.concurrency = concurrency
         self.idle_timeout_s = idle_timeout_s
@@ -191,7 +196,7 @@ class LocalLambdaTier:
         try:
             child = spawn(
                 name,
-                "infra.lambda_container",
+                self._container_module,
                 ["--repository", self._repository_url, "--cache-dir", str(self._cache_dir)],
                 self._log_dir,
                 env={

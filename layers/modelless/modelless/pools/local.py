@@ -1,4 +1,4 @@
-"""The local pool provider: a pool's workers are real ``infra.worker_server`` processes here."""
+"""The local pool provider: a pool's workers are real ``modelless.worker`` processes here."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from modelless import worker
 from modelless.pools.catalog import PoolSpec
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.pools.provider import InstancePlacer
 from modelless.types import VariantProfile
+from modelless.worker import WorkerLaunch
 
 
 class LocalWorkerPool:
@@ -56,26 +58,20 @@ class LocalWorkerPool:
             while len(self._workers) < count:
                 worker_id = f"{self.pool.name}-{self._next_index}"
                 self._next_index += 1
+                launch = WorkerLaunch(
+                    worker_id,
+                    self.pool.name,
+                    self._slots,
+                    self._repository_url,
+                    self._cache_dir,
+                    self._report_url,
+                    self._report_token,
+                    tuple(self.worker_args),
+                )
                 self._workers[worker_id] = spawn(
                     worker_id,
-                    "infra.worker_server",
-                    [
-                        "--worker-id",
-                        worker_id,
-                        "--pool",
-                        self.pool.name,
-                        "--slots",
-                        str(self._slots),
-                        "--repository",
-                        self._repository_url,
-                        "--cache-dir",
-                        str(self._cache_dir),
-                        "--report-url",
-                        self._report_url,
-                        "--report-token",
-                        self._report_token,
-                        *self.worker_args,
-                    ],
+                    worker.MODULE,
+                    launch.argv(),
                     self._log_dir,
                     # A worker gets the threads its instances are given, no more.
                     env={"OMP_NUM_THREADS": "1"},

@@ -4,7 +4,7 @@ Two backends: ``local`` (real worker processes on this machine) and ``aws`` (an 
 group per pool, driven through its desired capacity, scale-in choosing which instances leave).
 Both make the workers hold the plan's variant instances the same way: ``InstancePlacer`` calls
 each worker's own HTTP API (``GET /stats``, ``POST /unload``, ``POST /load`` of
-``infra.worker_server``) at the address the worker advertises.
+``modelless.worker.server``) at the address the worker advertises.
 """
 
 from __future__ import annotations

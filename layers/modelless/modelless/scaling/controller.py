@@ -50,7 +50,7 @@ class ScalerConfig:
     min_hold_s: float = 30.0  # scale-down hold, at least; longer for slow-loading variants
     min_workers: Mapping[str, int] = field(default_factory=dict)
     max_workers: Mapping[str, int] = field(default_factory=dict)  # the pools to manage, and their caps
-    # infra.worker_server holds one session per variant: a second copy on one worker adds nothing.
+    # modelless.worker.server holds one session per variant: a second copy on one worker adds nothing.
     one_instance_per_worker: bool = True
     worker_startup_s: float = 60.0  # an EC2 worker, from the Auto Scaling call to serving
     horizon_s: float = 60.0  # how long a plan holds (the bridge's one-off cost is spread over it)

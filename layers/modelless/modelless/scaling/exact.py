@@ -16,7 +16,7 @@ is left to Lambda. A pattern's cost and resource use are constants, so the progr
 binary per pattern, ``Σ patterns of c = 1`` for every component c, the resource rows, integer
 workers. Its LP relaxation is the convex hull of each component's choices, much tighter than
 the program written per variant (INFaaS's form, :func:`solve_compact`): at 100 architectures
-of ``infra/bench_scaler.py`` the LP bound is 1-2 % below the optimum instead of 3 %, and HiGHS
+of ``bench/scaler.py`` the LP bound is 1-2 % below the optimum instead of 3 %, and HiGHS
 solves it in a fraction of a second where the compact program took 10-30 s. Patterns dominated
 by another of their component (no cheaper, no fewer resources, no fewer workers needed) are
 dropped: any plan can swap them out.
@@ -768,7 +768,7 @@ def _until(deadline: float, time_limit_s: float) -> float:
 
 def solve_compact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPlan:
     """The program as INFaaS writes it: one compact block per component, no patterns. The
-    reference the pattern program is checked against (tests, ``infra/bench_scaler.py``); much
+    reference the pattern program is checked against (tests, ``bench/scaler.py``); much
     slower beyond a few dozen architectures. ``time_limit_s`` is a deadline, as in solve_exact."""
     started = time.perf_counter()
     usable = usable_variants(problem)

@@ -17,7 +17,7 @@ objective. Here the same idea runs over every group at once, in milliseconds:
    full is skipped. What nothing can take goes to Lambda when allowed, else is reported unmet.
 
 It is the fallback when the MILP misses its time limit and the baseline it is measured
-against (``infra/bench_scaler.py``).
+against (``bench/scaler.py``).
 """
 
 from __future__ import annotations

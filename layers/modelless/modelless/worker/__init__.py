@@ -1,0 +1,45 @@
+"""The pool worker: the process that runs on every EC2 worker instance (and, locally, as the
+embedded stack's worker processes). It loads variants on demand, serves invocations over HTTP,
+batches them adaptively and reports its live state every second.
+
+    python -m modelless.worker --worker-id cpu-0 --pool cpu --slots 2 --repository … --report-url …
+
+The library starts it through ``WorkerLaunch`` (the command line the worker takes), never by
+naming a module of its own: ``modelless.pools.local`` for local processes, the EC2 boot script
+(``infra/aws/worker-boot.sh``) through systemd.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# ``python -m`` this package runs the worker (``__main__``).
+MODULE = __name__
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """What one worker process is started with: its identity, its pool, where variants and
+    reports go. ``argv`` is the command line ``python -m modelless.worker`` takes."""
+
+    worker_id: str
+    pool: str
+    slots: int
+    repository_url: str
+    cache_dir: Path
+    report_url: str
+    report_token: str = ""
+    extra_args: tuple[str, ...] = field(default=())
+
+    def argv(self) -> list[str]:
+        return [
+            "--worker-id", self.worker_id,
+            "--pool", self.pool,
+            "--slots", str(self.slots),
+            "--repository", self.repository_url,
+            "--cache-dir", str(self.cache_dir),
+            "--report-url", self.report_url,
+            "--report-token", self.report_token,
+            *self.extra_args,
+        ]  # fmt: skip

@@ -1,0 +1,501 @@
+"""A pool worker: a real OS process that loads variants on demand, serves invocations over HTTP
+and reports its live state to the metadata store every second.
+
+    python -m modelless.worker --worker-id cpu-0 --pool cpu --slots 2 \
+        --repository .modelless/repo --report-url redis://127.0.0.1:6379/0
+
+On an EC2 instance it binds every interface on a fixed port and reports the instance's private
+address: ``--host 0.0.0.0 --port 8500 --advertise-host 10.0.1.23``.
+
+Concurrent invocations of one variant are batched adaptively (``modelless.batching``, Clipper
+§4.3) within each query's remaining budget, the payload's ``deadline_ms``; ``--no-batching`` runs
+each invocation on its own, as it arrives.
+
+``POST /unload`` drains the instance, whether or not it is busy (the scaler's plan moved its slot
+elsewhere): it leaves the worker's reports at once (a report goes out straight away, so that
+selection stops choosing it), new queries for it are answered with a retryable 503
+``instance_draining`` (the dispatcher retries them on another instance or the Lambda tier), the
+queries it already holds finish, and then its slot is freed. When the slot is freed for another
+variant (``reserve``), a query for the drained one is still refused for a few seconds rather than
+loading it again on demand: a gateway's view of the workers may be that old, and a reload would
+take back the slot the plan freed. Without ``reserve`` (nothing waits for the slot) such a query
+loads it again, as any query for a variant no worker holds does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aws_lambda_powertools import Logger
+
+from modelless.batching import (
+    DEFAULT_MAX_DELAY_S,
+    BatcherClosedError,
+    ModelFn,
+    VariantBatcher,
+    max_limit_for,
+    profile_estimate,
+)
+from modelless.exceptions import ConflictError, InvalidInputError, ServiceUnavailableError
+from modelless.monitoring import WorkerMonitor
+from modelless.pools.reporting import make_state_sink
+from modelless.repository import open_repository
+from modelless.runtime import LoadedVariant, VariantRuntime, decode_array, encode_array
+from modelless.types import VariantProfile
+from modelless.worker.http import announce_ready, make_server, stop_gracefully_on_sigterm
+
+logger = Logger(service="modelless-worker")
+
+REPORT_PERIOD_S = 1.0
+LISTEN_BACKLOG = 1024  # pending connections the kernel holds for us (the OS caps it at somaxconn)
+# A query that names no budget (no latency target) is still batched, within this much.
+DEFAULT_DEADLINE_MS = 1000.0
+# How long after a drain that reserved its slot a query for the drained variant is refused instead
+# of loading it again on demand: longer than a gateway may route from an old view (its live-state
+# snapshot, 0.2 s, over a report up to a second old, or a load of its own it counts as Active for
+# RECENT_LOAD_S, 3 s).
+DRAINED_REFUSAL_S = 5.0
+# The longest ``POST /unload`` waits for a drain to finish before it answers ``draining``.
+MAX_DRAIN_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    max_delay_s: float = DEFAULT_MAX_DELAY_S
+    default_deadline_ms: float = DEFAULT_DEADLINE_MS
+
+
+DEFAULT_BATCHING = BatchingConfig()
+
+
+def deadline_ms_of(payload: dict[str, Any], default_ms: float) -> float:
+    """The query's remaining latency budget (``deadline_ms``), as the dispatcher sent it."""
+    raw = payload.get("deadline_ms")
+    if raw is None:
+        return default_ms
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
+        raise InvalidInputError(f"deadline_ms must be a finite number of milliseconds, not {raw!r}")
+    return max(0.0, float(raw))
+
+
+class NoFreeSlotError(ConflictError):
+    code = "no_free_slot"
+
+
+class InstanceDrainingError(ServiceUnavailableError):
+    """The instance is being unloaded (or just was): another instance or the Lambda tier serves
+    the query (a 503, which the dispatcher retries elsewhere)."""
+
+    code = "instance_draining"
+
+
+class Worker:
+    def __init__(
+        self,
+        worker_id: str,
+        pool: str,
+        slots: int,
+        repository_url: str,
+        cache_dir: Path,
+        batching: BatchingConfig | None = DEFAULT_BATCHING,
+    ) -> None:
+        self.monitor = WorkerMonitor(worker_id, pool, address="", slots=slots)
+        self.runtime = VariantRuntime(open_repository(repository_url), cache_dir)
+        self.batching = batching
+        # Each batcher is bound to the loaded instance it runs on (see _batcher).
+        self._batchers: dict[str, tuple[LoadedVariant, VariantBatcher]] = {}
+        self._batchers_lock = threading.Lock()
+        # Orders "an instance is loaded, so the monitor shows it" against unloads: a request that
+        # finishes after its variant was unloaded must not bring the instance back. It also guards
+        # the drain bookkeeping below; ``_instances_changed`` wakes an unload waiting for a drain.
+        self._instances_lock = threading.Lock()
+        self._instances_changed = threading.Condition(self._instances_lock)
+        self._admitted: dict[str, int] = {}  # variant -> requests admitted and not yet answered
+        # Variants being unloaded once their requests are done -> whether their slot is reserved.
+        self._draining: dict[str, bool] = {}
+        self._refused_until: dict[str, float] = {}  # drained variant -> end of its refusal (monotonic)
+        # Set when the instances change (a load, a drain): the report loop reports at once.
+        self.state_changed = threading.Event()
+
+    def _ensure_loaded(self, variant: VariantProfile) -> tuple[LoadedVariant, float]:
+        """Load the variant if it is not loaded (on demand) and make sure the monitor shows the
+        instance. Only a variant that really loaded counts as an instance: a failed load raises
+        before the monitor hears of it, so it neither appears Active to selection nor takes a slot.
+        """
+        loaded, load_ms = self.runtime.ensure_loaded(variant)
+        self._show_if_loaded(variant)
+        return loaded, load_ms
+
+    def _show_if_loaded(self, variant: VariantProfile) -> None:
+        with self._instances_lock:
+            # Unloaded again since (unload holds this lock), or draining: the monitor must not show it.
+            if variant.variant_id in self.runtime.loaded_ids and variant.variant_id not in self._draining:
+                self.monitor.loaded(variant)
+
+    def _admit(self, variant_id: str) -> None:
+        """Count a request in for ``variant_id``, or refuse it (503) while the instance drains or
+        shortly after a drain that reserved its slot (see DRAINED_REFUSAL_S)."""
+        with self._instances_lock:
+            if variant_id in self._draining:
+                raise InstanceDrainingError(
+                    f"worker {self.monitor.worker_id} is unloading {variant_id}: try another instance"
+                )
+            refused_until = self._refused_until.get(variant_id)
+            if refused_until is not None:
+                if time.monotonic() < refused_until and variant_id not in self.runtime.loaded_ids:
+                    raise InstanceDrainingError(
+                        f"worker {self.monitor.worker_id} has just unloaded {variant_id}: "
+                        "try another instance"
+                    )
+                del self._refused_until[variant_id]
+            self._admitted[variant_id] = self._admitted.get(variant_id, 0) + 1
+
+    def _leave(self, variant_id: str) -> None:
+        """An admitted request is done; the last one out of a draining instance unloads it."""
+        with self._instances_lock:
+            left = self._admitted.get(variant_id, 0) - 1
+            if left > 0:
+                self._admitted[variant_id] = left
+                return
+            self._admitted.pop(variant_id, None)
+            if variant_id in self._draining:
+                self._finish_drain_locked(variant_id)
+
+    def _finish_drain_locked(self, variant_id: str) -> None:
+        """Unload a drained instance: its slot is free (``_instances_lock`` held)."""
+        if self._draining.pop(variant_id, False):
+            self._refused_until[variant_id] = time.monotonic() + DRAINED_REFUSAL_S
+        self.monitor.unloaded(variant_id)
+        self.runtime.unload(variant_id)
+        with self._batchers_lock:
+            bound = self._batchers.pop(variant_id, None)
+        if bound is not None:
+            bound[1].close(timeout_s=0.0)  # nothing is queued: every request it held has left
+        self._instances_changed.notify_all()
+        self.state_changed.set()
+
+    def invoke(self, payload: dict[str, Any]) -> dict[str, Any]:
+        # The budget runs from the moment the request arrived: a load it waits for counts too.
+        arrived = time.monotonic()
+        variant = VariantProfile.from_json(payload["variant"])
+        self._admit(variant.variant_id)
+        try:
+            if payload.get("offline") is True:
+                return self._invoke_offline(variant, payload)
+            return self._invoke_online(variant, payload, arrived)
+        finally:
+            self._leave(variant.variant_id)
+
+    def _invoke_online(
+        self, variant: VariantProfile, payload: dict[str, Any], arrived: float
+    ) -> dict[str, Any]:
+        self.monitor.started(variant.variant_id)
+        try:
+            if self.batching is None:
+                result = self.runtime.handle_invocation(payload)  # loads on demand
+                self._show_if_loaded(variant)
+                monitored = (result["queue_ms"], result["inference_ms"])
+            else:
+                result, monitored = self._invoke_batched(variant, payload, arrived, self.batching)
+        except Exception:
+            self.monitor.abandoned(variant.variant_id)
+            raise
+        self.monitor.finished(variant.variant_id, time.time(), result["batch"], *monitored)
+        return result
+
+    def _invoke_offline(self, variant: VariantProfile, payload: dict[str, Any]) -> dict[str, Any]:
+        """Offline batch work (DESIGN §6): it runs in the instance's idle moments (the batcher's
+        background lane: never batched with online queries, never ahead of one that is queued),
+        and is recorded apart from them, so that the instance's online QPS, latency and state,
+        and what selection and the offline throttle read, stay about online traffic."""
+        inputs = decode_array(payload["inputs_npy_b64"]).astype(np.float32, copy=False)
+        loaded, load_ms = self._ensure_loaded(variant)
+        if self.batching is None:
+            result = self.runtime.infer(variant, inputs)  # under the instance's lock, as online runs are
+            outputs, queue_ms, inference_ms = result["outputs"], result["queue_ms"], result["inference_ms"]
+        else:
+            try:
+                ran = self._batcher(loaded, self.batching).submit_background(inputs)
+            except BatcherClosedError:
+                loaded, reload_ms = self._ensure_loaded(variant)
+                load_ms += reload_ms
+                ran = self._batcher(loaded, self.batching).submit_background(inputs)
+            outputs, queue_ms, inference_ms = ran.outputs, ran.queue_ms, ran.inference_ms
+        self.monitor.finished_offline(time.time(), inference_ms)
+        return {
+            "outputs_npy_b64": encode_array(outputs),
+            "batch": int(inputs.shape[0]),
+            "load_ms": load_ms,
+            "queue_ms": queue_ms,
+            "inference_ms": inference_ms,
+        }
+
+    def _invoke_batched(
+        self, variant: VariantProfile, payload: dict[str, Any], arrived: float, config: BatchingConfig
+    ) -> tuple[dict[str, Any], tuple[float, float]]:
+        """Serve one invocation through the variant's batcher: the reply, and the (queue_ms,
+        inference_ms) pair the monitor is to record for it."""
+        deadline = arrived + deadline_ms_of(payload, config.default_deadline_ms) / 1000.0
+        inputs = decode_array(payload["inputs_npy_b64"]).astype(np.float32, copy=False)
+        # Loading happens here, in the caller's thread: a failed load fails this request alone,
+        # never a batch, and its load time is reported to the request that paid it.
+        loaded, load_ms = self._ensure_loaded(variant)
+        batcher = self._batcher(loaded, config)
+        try:
+            batched = batcher.submit(inputs, deadline)
+        except BatcherClosedError:
+            # Unloaded between our load and our submit: load again (on demand, as ever) and retry once.
+            loaded, reload_ms = self._ensure_loaded(variant)
+            load_ms += reload_ms
+            batcher = self._batcher(loaded, config)
+            batched = batcher.submit(inputs, deadline)
+        self.monitor.batching(variant.variant_id, batcher.current_limit)
+        # The monitor adds every request's inference time to the instance's busy time, so a
+        # batch's run is attributed to its first request only; the others report it as waiting
+        # (queue + inference is still each request's latency). Busy time stays true, and the
+        # first requests keep the real inference/profile ratio that Interfered is judged on.
+        if batched.position == 0:
+            monitored = (batched.queue_ms, batched.inference_ms)
+        else:
+            monitored = (batched.queue_ms + batched.inference_ms, 0.0)
+        return {
+            "outputs_npy_b64": encode_array(batched.outputs),
+            "batch": batched.batch,
+            "load_ms": load_ms,
+            "queue_ms": batched.queue_ms,
+            "inference_ms": batched.inference_ms,
+        }, monitored
+
+    def _batcher(self, loaded: LoadedVariant, config: BatchingConfig) -> VariantBatcher:
+        variant_id = loaded.variant.variant_id
+        stale: VariantBatcher | None = None
+        with self._batchers_lock:
+            bound = self._batchers.get(variant_id)
+            if bound is not None and bound[0] is loaded:
+                return bound[1]
+            if bound is not None:
+                # The variant was unloaded and loaded again since this batcher was made: it would
+                # keep the old session alive and in use. Its queue is still served, then it ends.
+                stale = bound[1]
+            batcher = VariantBatcher(
+                variant_id,
+                _session_runner(loaded),
+                profile_estimate(loaded.variant),
+                max_limit_for(loaded.variant),
+                max_delay_s=config.max_delay_s,
+            )
+            self._batchers[variant_id] = (loaded, batcher)
+        if stale is not None:
+            stale.close(timeout_s=0.0)
+        return batcher
+
+    def stats(self, _: dict[str, Any]) -> dict[str, Any]:
+        state = self.monitor.snapshot(time.time())
+        with self._batchers_lock:
+            batchers = {variant_id: bound[1] for variant_id, bound in self._batchers.items()}
+        batching = {variant_id: batcher.stats() for variant_id, batcher in batchers.items()}
+        return {
+            "worker_id": state.worker_id,
+            "state": state.to_json(),
+            "loaded": self.runtime.loaded_ids,
+            "draining": self.monitor.draining_ids,
+            "batching": batching,
+        }
+
+    def load(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Load a variant ahead of its queries (the scaler's plan), into a free slot. A variant
+        being drained is kept instead (the plan wants it again); a refusal after a drain ends."""
+        variant = VariantProfile.from_json(body["variant"])
+        with self._instances_lock:
+            self._refused_until.pop(variant.variant_id, None)
+            if self._draining.pop(variant.variant_id, None) is not None:
+                self.monitor.loaded(variant)
+                self._instances_changed.notify_all()  # an unload waiting on the drain: it is off
+        if variant.variant_id not in self.runtime.loaded_ids:
+            free = self.monitor.snapshot(time.time()).free_slots
+            if free <= 0:
+                raise NoFreeSlotError(
+                    f"worker {self.monitor.worker_id} has no free slot for {variant.variant_id}"
+                )
+        _, load_ms = self._ensure_loaded(variant)
+        self.state_changed.set()
+        return {"loaded": variant.variant_id, "load_ms": load_ms}
+
+    def unload(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Drain the instance and free its slot (see the module's docstring). Waits up to
+        ``wait_s`` (0 by default) for the requests it holds; ``unloaded`` says whether the slot is
+        free now, ``draining`` that it is freed once they are done. ``reserve``: the slot is for
+        another variant (a ``POST /load`` to come), not for this one's on-demand reload."""
+        variant_id = str(body["variant_id"])
+        wait_s = _wait_s(body.get("wait_s", 0.0))
+        reserve = body.get("reserve", False)
+        if not isinstance(reserve, bool):
+            raise InvalidInputError(f"reserve must be true or false, not {reserve!r}")
+        with self._instances_lock:
+            if variant_id not in self.runtime.loaded_ids:
+                self.monitor.unloaded(variant_id)  # whatever it showed, it holds nothing now
+                return {"unloaded": False, "draining": False}
+            if variant_id in self._draining:
+                self._draining[variant_id] = self._draining[variant_id] or reserve
+            else:
+                self._draining[variant_id] = reserve
+                self.monitor.draining(variant_id)
+                self.state_changed.set()  # out of the reports at once
+                if self._admitted.get(variant_id, 0) == 0:
+                    self._finish_drain_locked(variant_id)
+                    return {"unloaded": True, "draining": False}
+            deadline = time.monotonic() + wait_s
+            while variant_id in self._draining:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return {"unloaded": False, "draining": True}
+                self._instances_changed.wait(left)
+            return {"unloaded": variant_id not in self.runtime.loaded_ids, "draining": False}
+
+
+def _wait_s(raw: object) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) or raw < 0:
+        raise InvalidInputError(f"wait_s must be a non-negative number of seconds, not {raw!r}")
+    return min(float(raw), MAX_DRAIN_WAIT_S)
+
+
+def _session_runner(loaded: LoadedVariant) -> ModelFn:
+    """The batcher's model: one onnxruntime run on this instance, under its lock (the instance's
+    threads are all it may use; the lock also serialises against any other caller)."""
+
+    def run(inputs: np.ndarray) -> np.ndarray:
+        with loaded.lock:
+            outputs: np.ndarray = loaded.session.run(None, {loaded.input_name: inputs})[0]
+        return outputs
+
+    return run
+
+
+WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+
+
+def advertise_host_for(bind_host: str, advertise_host: str | None) -> str:
+    """The host the worker reports as its address: the one given, else the bound one. A wildcard
+    bind (every interface) names no address another machine can use, and guessing one (the
+    first interface, a resolver's answer) could advertise an address the gateway cannot reach."""
+    if advertise_host is not None:
+        if advertise_host.strip() in WILDCARD_HOSTS:
+            raise ValueError(f"--advertise-host {advertise_host!r} is not an address others can reach")
+        return advertise_host.strip()
+    if bind_host in WILDCARD_HOSTS:
+        raise ValueError(
+            f"--host {bind_host!r} binds every interface: give --advertise-host with the address "
+            "the gateway reaches this worker at (e.g. the instance's private IP)"
+        )
+    return bind_host
+
+
+def http_address(host: str, port: int) -> str:
+    """``http://host:port``, with an IPv6 literal in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _port(raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535")
+    return port
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--worker-id", required=True)
+    parser.add_argument("--pool", default="cpu")
+    parser.add_argument("--slots", type=int, default=2, help="variant instances this worker can hold")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
+    parser.add_argument(
+        "--advertise-host",
+        default=None,
+        help="address the gateway reaches this worker at, as reported to the metadata store "
+        "(default: --host; required when --host binds every interface, e.g. the instance's private IP)",
+    )
+    parser.add_argument("--port", type=_port, default=0, help="port to listen on (0: one the OS picks)")
+    parser.add_argument("--repository", required=True)
+    parser.add_argument("--cache-dir", default="/tmp/modelless-cache")
+    parser.add_argument("--report-url", required=True, help="redis://… or the gateway's http://… URL")
+    parser.add_argument("--report-token", default="")
+    parser.add_argument(
+        "--no-batching", action="store_true", help="run each invocation on its own, as it arrives"
+    )
+    parser.add_argument(
+        "--batch-delay-ms",
+        type=float,
+        default=DEFAULT_MAX_DELAY_S * 1000,
+        help="longest wait for more queries to fill a batch (never past a query's deadline)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        advertised_host = advertise_host_for(args.host, args.advertise_host)
+    except ValueError as error:
+        parser.error(str(error))
+
+    batching = None if args.no_batching else BatchingConfig(max_delay_s=args.batch_delay_ms / 1000)
+    worker = Worker(
+        args.worker_id, args.pool, args.slots, args.repository, Path(args.cache_dir), batching=batching
+    )
+    server = make_server(
+        args.host,
+        args.port,
+        {
+            ("POST", "/invoke"): worker.invoke,
+            ("GET", "/stats"): worker.stats,
+            ("POST", "/load"): worker.load,
+            ("POST", "/unload"): worker.unload,
+            ("GET", "/health"): lambda _: {"ok": True},
+        },
+    )
+    # socketserver listens with a backlog of 5: a burst of concurrent callers opening their
+    # connections at once (what batching is for) overflows it and some see "connection reset".
+    # Listening again on the bound socket only raises the backlog.
+    server.socket.listen(LISTEN_BACKLOG)
+    worker.monitor.address = http_address(advertised_host, server.server_address[1])
+    sink = make_state_sink(args.report_url, args.report_token)
+    stop = threading.Event()
+
+    def report_loop() -> None:
+        # The first report goes out at once; the gateway it goes to may not be up yet, so a
+        # failed report is logged and retried on the next period, never fatal. A change of the
+        # instances (a load, a drain) is reported at once rather than up to a period later.
+        while True:
+            worker.state_changed.clear()
+            try:
+                sink(worker.monitor.snapshot(time.time()))
+            except Exception as error:
+                logger.warning("state report failed; retrying next period", extra={"error": str(error)})
+            worker.state_changed.wait(REPORT_PERIOD_S)
+            if stop.is_set():
+                return
+
+    def stop_reporting() -> None:
+        stop.set()
+        worker.state_changed.set()
+
+    threading.Thread(target=report_loop, name="monitor", daemon=True).start()
+    # A scale-down: stop reporting (so selection forgets us once the pool provider removes our
+    # last report), finish what is in flight, then exit.
+    stop_gracefully_on_sigterm(server, before_drain=stop_reporting)
+    announce_ready(server)
+    logger.info("worker ready", extra={"worker_id": args.worker_id, "address": worker.monitor.address})
+    try:
+        server.serve_forever()
+    finally:
+        stop_reporting()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The cost study's configuration (issue 7, part 1): the latency targets INFaaS set, its §6.2
+patterns on the heavy model alone with one worker per pool, its §6.1 trace over the whole zoo,
+the baselines as INFaaS configured them, the project priced by the bill it is judged on, and the
+verdicts on its targets. A hand-built zoo; nothing is simulated or timed here."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from bench.costs import (
+    CLIPPER_CPU_INSTANCES,
+    CLIPPER_GPU_BATCH,
+    MAX_WORKERS,
+    ONE_WORKER,
+    build_system,
+    compare_violations,
+    make_setup,
+    make_workloads,
+    typical_footprint_gb,
+    verdict,
+)
+from bench.sim_profiles import (
+    APP,
+    COLD_FLOOR_MS,
+    HEAVY,
+    PATTERN_SLO_MS,
+    POPULAR_SLO_MS,
+    POPULARITY,
+    ModelSource,
+    Zoo,
+    architectures,
+    pattern_architectures,
+)
+from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.types import VariantProfile
+from sim.simulator import FixedVariant, Modelless, instance_memory_gb
+from sim.traces import TRACE_PATH
+
+# batch-1 median latency (ms) and accuracy of each architecture's variants in this hand-built zoo
+SPEED = {HEAVY: 7.0, "digits-cnn": 0.5, "digits-small-cnn": 0.03, "digits-mlp": 0.02}
+SPEED |= {"digits-linear": 0.01, "digits-tiny": 0.01}
+ACCURACY = {HEAVY: 0.9889, "digits-cnn": 0.9926, "digits-small-cnn": 0.9852, "digits-mlp": 0.9778}
+ACCURACY |= {"digits-linear": 0.9444, "digits-tiny": 0.7889}
+
+
+def profile(
+    model: str, pool: str, recipe: str = "fp32_all", speed: float = 1.0, accuracy: float = 0.0
+) -> VariantProfile:
+    p50 = SPEED[model] * speed
+    precision, opt_level = recipe.rsplit("_", 1)
+    return VariantProfile(
+        variant_id=f"{APP}/{model}/{recipe}/{pool}",
+        app_id=APP,
+        model_name=model,
+        pool=pool,
+        precision=precision,
+        opt_level=opt_level,
+        threads=1,
+        artifact_key="",
+        size_bytes=1,
+        load_latency_ms=10.0 if pool in ("cpu", "lambda-cpu") else 1010.0,
+        latency_p50_ms={b: p50 * b for b in (1, 2, 4, 8, 16)},
+        latency_p99_ms={b: 1.05 * p50 * b for b in (1, 2, 4, 8, 16)},
+        peak_memory_mb=100.0 if model == HEAVY else 20.0,
+        accuracy=accuracy or ACCURACY[model],
+        price_per_second=1e-5,
+        request_price=0.0,
+        hardware="hand-built",
+        measured_on_target=pool in ("cpu", "lambda-cpu"),
+        memory_mb=1769 if pool == "lambda-cpu" else 0,
+    )
+
+
+def hand_built_zoo() -> Zoo:
+    profiles = []
+    for model in POPULARITY:
+        profiles += [
+            profile(model, "cpu"),
+            profile(model, "lambda-cpu"),
+            profile(model, "gpu", speed=0.02),
+            profile(model, "accel", speed=0.1),
+            # faster but far less accurate: it must not set the cold models' targets
+            profile(model, "cpu", "int8-static_all", speed=0.2, accuracy=0.2),
+        ]
+    source = ModelSource("m", 5, (1,), 1.0, "now", "here", {})
+    return Zoo(APP, [], [], profiles, Path("repo"), [source])
+
+
+def test_the_targets_are_those_infaas_set() -> None:
+    zoo = hand_built_zoo()
+    found = {a.model: a for a in architectures(zoo)}
+    assert [a.model for a in architectures(zoo)] == list(POPULARITY)
+    assert found[HEAVY].slo_ms == found["digits-cnn"].slo_ms == POPULAR_SLO_MS  # the popular ones
+    # A cold model: 1.5x its fastest accurate CPU variant's p99 (not the INT8 one's), at least 2 ms.
+    assert found["digits-small-cnn"].slo_ms == COLD_FLOOR_MS
+    assert found[HEAVY].targets.model_name == HEAVY  # named: it is no more accurate than digits-cnn
+    assert found["digits-cnn"].targets.model_name is None  # model-less
+    assert found[HEAVY].targets.min_accuracy == 0.98  # its own accuracy, rounded down
+    (pattern,) = pattern_architectures(zoo)
+    assert (pattern.model, pattern.slo_ms, pattern.targets.latency_ms) == (
+        HEAVY,
+        PATTERN_SLO_MS,
+        PATTERN_SLO_MS,
+    )
+
+
+def test_a_cold_model_slower_than_the_floor_gets_one_and_a_half_times_its_latency() -> None:
+    zoo = hand_built_zoo()
+    slow = [
+        replace(p, latency_p99_ms={1: 4.0, 2: 8.0}) if p.model_name == "digits-mlp" else p
+        for p in zoo.profiles
+    ]
+    found = {a.model: a for a in architectures(replace(zoo, profiles=slow))}
+    assert found["digits-mlp"].slo_ms == pytest.approx(6.0)
+
+
+@pytest.mark.skipif(not TRACE_PATH.exists(), reason="the shared trace is not beside this checkout")
+def test_patterns_serve_the_heavy_model_on_one_worker_and_the_trace_the_whole_zoo() -> None:
+    setup = make_setup(hand_built_zoo(), 300.0)
+    workloads = {w.key: w for w in make_workloads(setup, quick=False, repeats=3, trace=TRACE_PATH)}
+    assert list(workloads) == ["flat", "steady", "fluctuating", "trace-10", "trace-100", "trace-1000"]
+    for key in ("flat", "steady", "fluctuating"):
+        assert [a.model for a in workloads[key].mix.architectures] == [HEAVY]
+        assert workloads[key].max_workers == ONE_WORKER and workloads[key].seeds == (1, 2, 3)
+    for key, seeds in (("trace-10", (1, 2, 3)), ("trace-100", (1, 2)), ("trace-1000", (1,))):
+        assert [a.model for a in workloads[key].mix.architectures] == list(POPULARITY)
+        assert workloads[key].max_workers == MAX_WORKERS and workloads[key].seeds == seeds
+    assert workloads["trace-10"].curve.mean == pytest.approx(10.0)
+    assert workloads["trace-1000"].curve.duration_s == 300.0  # its busiest five minutes
+
+
+@pytest.mark.skipif(not TRACE_PATH.exists(), reason="the shared trace is not beside this checkout")
+def test_the_baselines_are_configured_as_infaas_configured_them() -> None:
+    setup = make_setup(hand_built_zoo(), 300.0)
+    steady = next(w for w in make_workloads(setup, False, 1, TRACE_PATH) if w.key == "steady")
+    clipper_cpu = build_system("clipper+-cpu", setup, steady)
+    assert isinstance(clipper_cpu, FixedVariant)
+    assert clipper_cpu._replicas == {HEAVY: CLIPPER_CPU_INSTANCES} and clipper_cpu._static
+    assert clipper_cpu._chosen[HEAVY].variant_id.endswith("fp32_all/cpu")  # the developer's FP32 variant
+    clipper_gpu = build_system("clipper+-gpu", setup, steady)
+    assert isinstance(clipper_gpu, FixedVariant)
+    assert clipper_gpu._max_batch == CLIPPER_GPU_BATCH and clipper_gpu._replicas[HEAVY] >= 1
+    sagemaker_gpu = build_system("sagemaker+-gpu", setup, steady)
+    assert isinstance(sagemaker_gpu, FixedVariant)
+    assert sagemaker_gpu._max_batch == 1 and not sagemaker_gpu._static
+    for name in ("clipper+-cpu", "clipper+-gpu", "sagemaker+-cpu", "sagemaker+-gpu"):
+        system = build_system(name, setup, steady)
+        assert isinstance(system, FixedVariant) and system._max_workers == ONE_WORKER
+
+
+@pytest.mark.skipif(not TRACE_PATH.exists(), reason="the shared trace is not beside this checkout")
+def test_the_project_is_priced_by_the_bill_it_is_judged_on_or_by_aws() -> None:
+    setup = make_setup(hand_built_zoo(), 300.0)
+    flat = next(w for w in make_workloads(setup, False, 1, TRACE_PATH) if w.key == "flat")
+    footprint = instance_memory_gb(setup.cpu_variant[HEAVY], DEFAULT_POOLS["cpu"])
+    assert typical_footprint_gb(setup, flat.mix) == pytest.approx(footprint)
+    ours = build_system("modelless", setup, flat)
+    assert isinstance(ours, Modelless)
+    assert ours._pools["accel"].price_per_device_second == pytest.approx(0.190 * footprint)
+    aws = build_system("modelless-aws", setup, flat)
+    assert isinstance(aws, Modelless)
+    assert aws._pools["cpu"] == DEFAULT_POOLS["cpu"]
+
+
+def test_violations_are_compared_per_seed_and_equal_zeros_are_not_a_miss() -> None:
+    def runs(*violations: int) -> list[dict[str, int]]:
+        return [{"seed": seed, "violations": v} for seed, v in enumerate(violations, start=1)]
+
+    assert compare_violations(runs(0, 0), runs(0, 0)) == "equal (both 0)"
+    assert compare_violations(runs(1, 2), runs(3, 4)) == "fewer"
+    assert compare_violations(runs(1, 5), runs(3, 4)) == "more"
+    assert compare_violations(runs(0, 4), runs(3, 4)) == "not fewer on every seed"
+    assert verdict({"status": "equal (both 0)"}).startswith("cheaper; violations equal (both 0)")
+    missed = verdict({"status": "missed", "cheaper": False, "violations": "more"})
+    assert "missed" in missed and "costlier" in missed and "more" in missed
