@@ -25,10 +25,10 @@ import httpx
 import numpy as np
 import pytest
 
-from modelless.exceptions import ModellessError
+from modelless.exceptions import ModellessError, S3AccessDeniedError
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key
-from modelless.offline.objects import S3AccessDeniedError, S3ObjectStore
+from modelless.offline.objects import S3ObjectStore
 from modelless.offline.runner import RunOutcome
 from modelless.offline.service import ChildProcessRunner, OfflineService
 from modelless.types import JobStatus, VariantProfile

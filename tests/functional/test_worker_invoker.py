@@ -13,8 +13,13 @@ from typing import Any
 
 import pytest
 
-from modelless.exceptions import ModellessError, ServiceUnavailableError
-from modelless.pools.invokers import HttpWorkerInvoker, WorkerBusyError, WorkerUnreachableError
+from modelless.exceptions import (
+    ModellessError,
+    ServiceUnavailableError,
+    WorkerBusyError,
+    WorkerUnreachableError,
+)
+from modelless.pools.invokers import HttpWorkerInvoker
 
 
 class Worker(ThreadingHTTPServer):

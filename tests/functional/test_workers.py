@@ -24,11 +24,16 @@ import modelless.dispatcher as dispatcher_module
 import modelless.metadata.redis as redis_backend
 import modelless.pools.lambda_local as lambda_local
 import modelless.worker.server as worker_server
-from modelless.dispatcher import Dispatcher, QueryFailedError, QueryResult
-from modelless.exceptions import ModellessError, ServiceUnavailableError
+from modelless.dispatcher import Dispatcher, QueryResult
+from modelless.exceptions import (
+    ModellessError,
+    QueryFailedError,
+    ServiceUnavailableError,
+    WorkerUnreachableError,
+)
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.pools.invokers import HttpWorkerInvoker, WorkerUnreachableError
+from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LAMBDA_TIER_ID, LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
 from modelless.pools.processes import ChildProcess, spawn

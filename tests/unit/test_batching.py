@@ -18,9 +18,7 @@ import pytest
 
 from modelless.batching import (
     AimdController,
-    BatcherClosedError,
     BatchResult,
-    BatchTimeoutError,
     BudgetCaps,
     RecentTightestBudget,
     VariantBatcher,
@@ -30,6 +28,7 @@ from modelless.batching import (
     max_limit_for,
     profile_estimate,
 )
+from modelless.exceptions import BatcherClosedError, BatchTimeoutError
 from modelless.types import VariantProfile
 
 WAIT_S = 5.0  # bound on every wait for a thread or a queue; never reached when things work

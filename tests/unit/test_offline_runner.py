@@ -6,13 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from modelless.exceptions import ServiceUnavailableError
+from modelless.exceptions import S3AccessDeniedError, ServiceUnavailableError, WorkerUnreachableError
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.offline.compute import Paused, RunResult
 from modelless.offline.jobs import RESULT_SUFFIX, output_key, summary_key
-from modelless.offline.objects import InMemoryObjectStore, S3AccessDeniedError, WriteOutcome
+from modelless.offline.objects import InMemoryObjectStore, WriteOutcome
 from modelless.offline.runner import JobRunner, RunnerConfig, RunOutcome
-from modelless.pools.invokers import WorkerUnreachableError
 from modelless.types import Decision, JobStatus, OfflineJob, VariantProfile
 from tests.offline_kit import (
     APP,

@@ -17,7 +17,7 @@ from modelless.api import create_app
 from modelless.api.services import Services, build_services
 from modelless.cli import build_parser, job_progress_line, job_report
 from modelless.config import Settings
-from modelless.exceptions import ModellessError
+from modelless.exceptions import InvalidJobError, ModellessError
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.offline.events import (
     InProcessCache,
@@ -27,7 +27,7 @@ from modelless.offline.events import (
     parse_manifest,
     s3_records,
 )
-from modelless.offline.jobs import InvalidJobError, JobSpec, job_id_for_object
+from modelless.offline.jobs import JobSpec, job_id_for_object
 from modelless.offline.objects import InMemoryObjectStore
 from modelless.offline.runner import RunOutcome
 from modelless.offline.service import OfflineService, ThreadLauncher

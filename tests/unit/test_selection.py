@@ -14,17 +14,21 @@ import numpy as np
 import pytest
 
 import modelless.dispatcher as dispatcher_module
-from modelless.dispatcher import SATURATED_IN_FLIGHT, DeadlineExceededError, Dispatcher, QueryFailedError
+from modelless.dispatcher import SATURATED_IN_FLIGHT, Dispatcher
 from modelless.exceptions import (
+    DeadlineExceededError,
     ModellessError,
     NotFoundError,
     NotReadyError,
+    QueryFailedError,
     ServiceUnavailableError,
     TargetsUnreachableError,
+    WorkerBusyError,
+    WorkerUnreachableError,
 )
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.pools.invokers import WorkerBusyError, WorkerUnreachableError, raise_for_worker_error
+from modelless.pools.invokers import raise_for_worker_error
 from modelless.runtime import decode_array, encode_array
 from modelless.selection import (
     Candidates,

@@ -62,7 +62,11 @@ from typing import Any
 
 import numpy as np
 
-from modelless.exceptions import InvalidInputError, ServiceUnavailableError
+from modelless.exceptions import (
+    BatcherClosedError,
+    BatchTimeoutError,
+    InvalidInputError,
+)
 from modelless.types import VariantProfile
 
 DEFAULT_MAX_DELAY_S = 0.0005  # Clipper found ~ms delays enough; ours stay below a round trip
@@ -86,18 +90,6 @@ BUDGET_WINDOW_S = 5.0
 
 ModelFn = Callable[[np.ndarray], np.ndarray]  # a batch of inputs in, one output row per input row
 EstimateFn = Callable[[int], float]  # rows -> expected latency (ms) of a batch of that many rows
-
-
-class BatchTimeoutError(ServiceUnavailableError):
-    """A request's batch did not complete within the batcher's bounded wait."""
-
-    code = "batch_timeout"
-
-
-class BatcherClosedError(ServiceUnavailableError):
-    """The variant's batcher was closed (its instance was unloaded) before the request entered."""
-
-    code = "batcher_closed"
 
 
 def deadline_after(budget_ms: float) -> float:

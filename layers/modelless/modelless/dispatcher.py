@@ -15,15 +15,18 @@ import numpy as np
 from aws_lambda_powertools import Logger
 
 from modelless.exceptions import (
+    DeadlineExceededError,
     NotFoundError,
     NotReadyError,
+    QueryFailedError,
     ServiceUnavailableError,
     TargetsUnreachableError,
+    WorkerUnreachableError,
 )
 from modelless.load import LoadRecorder, group_of
 from modelless.metadata.base import MetadataStore
 from modelless.monitoring import OVERLOADED_QUEUE, saturated_queue
-from modelless.pools.invokers import LambdaInvoker, WorkerInvoker, WorkerUnreachableError
+from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
 from modelless.runtime import decode_array, invocation_payload
 from modelless.selection import (
     NO_LAMBDA_TIER,
@@ -87,18 +90,6 @@ MAX_ATTEMPTS = 3
 # a batching instance follows the batch size it reports). A burst is then spilled at once instead
 # of queueing behind the instance for the second a report takes.
 SATURATED_IN_FLIGHT = OVERLOADED_QUEUE
-
-
-class QueryFailedError(ServiceUnavailableError):
-    """Every attempt to run a query failed and nowhere else could take it: names each attempt."""
-
-    code = "compute_unavailable"
-
-
-class DeadlineExceededError(ServiceUnavailableError):
-    """The query's budget plus its grace passed before any attempt answered."""
-
-    code = "deadline_exceeded"
 
 
 @dataclass

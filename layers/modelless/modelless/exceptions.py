@@ -82,3 +82,85 @@ class NotReadyError(ModellessError):
 class ServiceUnavailableError(ModellessError):
     status_code = 503
     code = "unavailable"
+
+
+# --- Serving: the worker, its batches, the dispatcher's attempts ---------------------------------
+
+
+class NoFreeSlotError(ConflictError):
+    code = "no_free_slot"
+
+
+class InstanceDrainingError(ServiceUnavailableError):
+    """The instance is being unloaded (or just was): another instance or the Lambda tier serves
+    the query (a 503, which the dispatcher retries elsewhere)."""
+
+    code = "instance_draining"
+
+
+class BatchTimeoutError(ServiceUnavailableError):
+    """A request's batch did not complete within the batcher's bounded wait."""
+
+    code = "batch_timeout"
+
+
+class BatcherClosedError(ServiceUnavailableError):
+    """The variant's batcher was closed (its instance was unloaded) before the request entered."""
+
+    code = "batcher_closed"
+
+
+class WorkerUnreachableError(ServiceUnavailableError):
+    """The chosen worker did not answer: the dispatcher may retry elsewhere."""
+
+    code = "worker_unreachable"
+
+
+class WorkerBusyError(ServiceUnavailableError):
+    """The worker answered 503 (its batch did not complete in time, it is overloaded or shutting
+    down): another place may serve the query. Keeps the worker's own error code."""
+
+    code = "worker_busy"
+
+
+class QueryFailedError(ServiceUnavailableError):
+    """Every attempt to run a query failed and nowhere else could take it: names each attempt."""
+
+    code = "compute_unavailable"
+
+
+class DeadlineExceededError(ServiceUnavailableError):
+    """The query's budget plus its grace passed before any attempt answered."""
+
+    code = "deadline_exceeded"
+
+
+# --- Offline jobs --------------------------------------------------------------------------------
+
+
+class InvalidJobError(BadRequestError):
+    """An offline job that cannot run as asked (bad paths, outputs that would re-trigger it)."""
+
+    code = "invalid_job"
+
+
+class S3AccessDeniedError(ForbiddenError):
+    """S3 answered 403: this deployment's credentials may not use the bucket (or the object)."""
+
+    code = "s3_access_denied"
+
+    def __init__(self, bucket: str, action: str, key: str | None = None) -> None:
+        where = f"s3://{bucket}/{key}" if key is not None else f"bucket {bucket!r}"
+        super().__init__(
+            f"the service may not {action} {where} (S3 answered 403 Access Denied): grant this "
+            f"deployment's role (the offline function's, or the gateway's in the embedded stack) "
+            f"s3:ListBucket on the bucket and s3:GetObject/s3:PutObject on its objects, or use a "
+            f"bucket it may already use (`modelless allow-buckets` only says which buckets an app "
+            f"may ask for; it grants no S3 permission)",
+            bucket=bucket,
+        )
+
+
+class OfflineInputError(Exception):
+    """One offline input that cannot be used: recorded in the job's summary, the job goes on (not an
+    API error: no request fails for it)."""

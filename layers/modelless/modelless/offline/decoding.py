@@ -1,7 +1,7 @@
 """Inputs of offline jobs into the model's input: ``.npy``/``.npz`` arrays and PNG/JPEG images.
 
-An input that cannot be decoded, or does not fit the model, raises ``InputError`` with a message
-for the job's summary: it fails that input alone, never the job.
+An input that cannot be decoded, or does not fit the model, raises ``OfflineInputError`` with a
+message for the job's summary: it fails that input alone, never the job.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from modelless.exceptions import InvalidInputError
+from modelless.exceptions import InvalidInputError, OfflineInputError
 from modelless.types import ModelRecord
 from modelless.validation import check_batch
 
@@ -21,10 +21,6 @@ ARRAY_SUFFIXES = (".npy", ".npz")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 SUPPORTED_SUFFIXES = ARRAY_SUFFIXES + IMAGE_SUFFIXES
 MAX_IMAGE_PIXELS = 64_000_000  # beyond this an image is refused, not decoded (decompression bombs)
-
-
-class InputError(Exception):
-    """One input that cannot be used: recorded in the job's summary, the job goes on."""
 
 
 def is_supported(key: str) -> bool:
@@ -40,20 +36,20 @@ def decode_input(key: str, data: bytes, model: ModelRecord, max_rows: int) -> np
     elif suffix in IMAGE_SUFFIXES:
         array = decode_image(data, model.input_shape)
     else:
-        raise InputError(
+        raise OfflineInputError(
             f"unsupported input type {suffix or '(no extension)'!r}: use {', '.join(SUPPORTED_SUFFIXES)}"
         )
     try:
         return check_batch(array, model, max_rows)
     except InvalidInputError as error:
-        raise InputError(error.message) from error
+        raise OfflineInputError(error.message) from error
 
 
 def _load_array(data: bytes, suffix: str) -> np.ndarray:
     try:
         loaded = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise InputError(f"not a readable {suffix} file: {_first_line(error)}") from error
+        raise OfflineInputError(f"not a readable {suffix} file: {_first_line(error)}") from error
     if isinstance(loaded, np.lib.npyio.NpzFile):
         with loaded as archive:
             names = list(archive.files)
@@ -62,13 +58,15 @@ def _load_array(data: bytes, suffix: str) -> np.ndarray:
             elif len(names) == 1:
                 name = names[0]
             else:
-                raise InputError(f".npz holds {sorted(names)}: name the array 'inputs' (or hold just one)")
+                raise OfflineInputError(
+                    f".npz holds {sorted(names)}: name the array 'inputs' (or hold just one)"
+                )
             try:
                 return np.asarray(archive[name])
             except (ValueError, OSError, zipfile.BadZipFile) as error:
-                raise InputError(f".npz array {name!r} is unreadable: {_first_line(error)}") from error
+                raise OfflineInputError(f".npz array {name!r} is unreadable: {_first_line(error)}") from error
     if not isinstance(loaded, np.ndarray):
-        raise InputError(f"{suffix} file holds no array")
+        raise OfflineInputError(f"{suffix} file holds no array")
     return loaded
 
 
@@ -81,7 +79,7 @@ def image_layout(shape: list[int]) -> tuple[str, int, int, int]:
         return "hwc", shape[2], shape[0], shape[1]
     if len(shape) == 2:
         return "hw", 1, shape[0], shape[1]
-    raise InputError(
+    raise OfflineInputError(
         f"the model takes inputs of shape {shape}, not images ([C,H,W] or [H,W,C] with 1 or 3 "
         "channels, or [H,W])"
     )
@@ -96,9 +94,9 @@ def decode_image(data: bytes, shape: list[int]) -> np.ndarray:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image: Image.Image = Image.open(io.BytesIO(data))
             if image.format not in {"PNG", "JPEG"}:
-                raise InputError(f"image format {image.format} is not PNG or JPEG")
+                raise OfflineInputError(f"image format {image.format} is not PNG or JPEG")
             if image.width * image.height > MAX_IMAGE_PIXELS:
-                raise InputError(f"image of {image.width}x{image.height} pixels is too large")
+                raise OfflineInputError(f"image of {image.width}x{image.height} pixels is too large")
             image = image.convert("L" if channels == 1 else "RGB")
             if image.size != (width, height):
                 # Shrinking averages each target pixel's area (what a camera image needs to keep
@@ -107,12 +105,12 @@ def decode_image(data: bytes, shape: list[int]) -> np.ndarray:
                 method = Image.Resampling.BOX if shrinking else Image.Resampling.BILINEAR
                 image = image.resize((width, height), method)
             pixels = np.asarray(image, dtype=np.float32) / 255.0
-    except InputError:
+    except OfflineInputError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-        raise InputError(f"not a decodable image: {_first_line(error)}") from error
+        raise OfflineInputError(f"not a decodable image: {_first_line(error)}") from error
     except Image.DecompressionBombWarning as error:
-        raise InputError(f"image refused: {_first_line(error)}") from error
+        raise OfflineInputError(f"image refused: {_first_line(error)}") from error
     if layout == "hw":
         return pixels
     if channels == 1:

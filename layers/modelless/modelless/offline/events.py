@@ -38,16 +38,8 @@ from aws_lambda_powertools.utilities.data_classes.s3_event import S3EventRecord
 from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
 from aws_lambda_powertools.utilities.idempotency.persistence.cache import CachePersistenceLayer
 
-from modelless.exceptions import ModellessError, NotFoundError
-from modelless.offline.jobs import (
-    MANIFEST_SUFFIX,
-    S3_SCHEME,
-    InvalidJobError,
-    JobSpec,
-    S3Path,
-    is_input,
-    job_id_for_object,
-)
+from modelless.exceptions import InvalidJobError, ModellessError, NotFoundError
+from modelless.offline.jobs import MANIFEST_SUFFIX, S3_SCHEME, JobSpec, S3Path, is_input, job_id_for_object
 from modelless.offline.service import OfflineService, Watch
 
 logger = Logger(service="offline", child=True)

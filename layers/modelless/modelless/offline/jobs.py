@@ -11,18 +11,12 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 
-from modelless.exceptions import BadRequestError
+from modelless.exceptions import InvalidJobError
 
 S3_SCHEME = "s3://"
 MANIFEST_SUFFIX = ".job.json"  # an object with this suffix starts a job (see events.py)
 RESULT_SUFFIX = ".result.json"  # never the manifest suffix: a result must not start a job
 SUMMARY_DIR = "_jobs/"
-
-
-class InvalidJobError(BadRequestError):
-    """An offline job that cannot run as asked (bad paths, outputs that would re-trigger it)."""
-
-    code = "invalid_job"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from modelless.exceptions import ForbiddenError, NotFoundError
+from modelless.exceptions import NotFoundError, S3AccessDeniedError
 
 OWNER_METADATA = "modelless-job"  # x-amz-meta-modelless-job: the job that wrote the object
 
@@ -33,23 +33,6 @@ class WriteOutcome(StrEnum):
     WRITTEN = "written"  # the object did not exist: written now
     ALREADY_WRITTEN = "already-written"  # this job had written it (a rerun): left as it was
     REPLACED = "replaced"  # another job's object was there: replaced by this job's
-
-
-class S3AccessDeniedError(ForbiddenError):
-    """S3 answered 403: this deployment's credentials may not use the bucket (or the object)."""
-
-    code = "s3_access_denied"
-
-    def __init__(self, bucket: str, action: str, key: str | None = None) -> None:
-        where = f"s3://{bucket}/{key}" if key is not None else f"bucket {bucket!r}"
-        super().__init__(
-            f"the service may not {action} {where} (S3 answered 403 Access Denied): grant this "
-            f"deployment's role (the offline function's, or the gateway's in the embedded stack) "
-            f"s3:ListBucket on the bucket and s3:GetObject/s3:PutObject on its objects, or use a "
-            f"bucket it may already use (`modelless allow-buckets` only says which buckets an app "
-            f"may ask for; it grants no S3 permission)",
-            bucket=bucket,
-        )
 
 
 ACCESS_DENIED_CODES = {"403", "AccessDenied", "Forbidden", "AllAccessDisabled", "AccountProblem"}

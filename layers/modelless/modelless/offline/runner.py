@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
-from modelless.exceptions import ModellessError, NotFoundError
+from modelless.exceptions import ModellessError, NotFoundError, OfflineInputError, S3AccessDeniedError
 from modelless.metadata.base import JobSave, OfflineJobStore
 from modelless.offline.compute import Compute, Paused, batch_rows
-from modelless.offline.decoding import InputError, decode_input
+from modelless.offline.decoding import decode_input
 from modelless.offline.jobs import RESULT_SUFFIX, S3Path, is_input, is_watch_source, output_key, summary_key
-from modelless.offline.objects import ObjectStore, S3AccessDeniedError
+from modelless.offline.objects import ObjectStore
 from modelless.types import Decision, JobStatus, ModelRecord, OfflineJob, VariantProfile
 
 logger = Logger(service="offline", child=True)
@@ -304,7 +304,7 @@ class JobRunner:
             return f"input of {len(data)} bytes exceeds the limit of {self._config.max_input_bytes}"
         try:
             return decode_input(key, data, state.model, self._config.max_rows_per_input)
-        except InputError as error:
+        except OfflineInputError as error:
             return str(error)
 
     def _infer(self, state: _RunState, decoded: list[_Decoded]) -> list[np.ndarray | str]:

@@ -35,11 +35,10 @@ from typing import Any, Protocol
 from aws_lambda_powertools import Logger
 
 from modelless.config import Settings
-from modelless.exceptions import ForbiddenError, NotFoundError
+from modelless.exceptions import ForbiddenError, InvalidJobError, NotFoundError, S3AccessDeniedError
 from modelless.metadata.base import MetadataStore
 from modelless.offline.compute import Compute, WorkerCompute, explain_no_candidates, offline_candidates
 from modelless.offline.jobs import (
-    InvalidJobError,
     JobSpec,
     S3Path,
     is_input,
@@ -48,7 +47,7 @@ from modelless.offline.jobs import (
     watch_job_id,
     watch_source,
 )
-from modelless.offline.objects import ObjectStore, S3AccessDeniedError, S3ObjectStore
+from modelless.offline.objects import ObjectStore, S3ObjectStore
 from modelless.offline.runner import JobRunner, RunnerConfig, RunOutcome, RunReport
 from modelless.offline.throttle import ThrottleConfig
 from modelless.pools.catalog import PoolSpec

@@ -14,20 +14,12 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from modelless.exceptions import ModellessError, ServiceUnavailableError
-
-
-class WorkerUnreachableError(ServiceUnavailableError):
-    """The chosen worker did not answer: the dispatcher may retry elsewhere."""
-
-    code = "worker_unreachable"
-
-
-class WorkerBusyError(ServiceUnavailableError):
-    """The worker answered 503 (its batch did not complete in time, it is overloaded or shutting
-    down): another place may serve the query. Keeps the worker's own error code."""
-
-    code = "worker_busy"
+from modelless.exceptions import (
+    ModellessError,
+    ServiceUnavailableError,
+    WorkerBusyError,
+    WorkerUnreachableError,
+)
 
 
 class WorkerInvoker(Protocol):

@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from modelless.exceptions import ServiceUnavailableError
+from modelless.exceptions import ServiceUnavailableError, WorkerUnreachableError
 from modelless.pools.catalog import LAMBDA_MB_PER_VCPU, lambda_threads
-from modelless.pools.invokers import WorkerUnreachableError, raise_for_worker_error
+from modelless.pools.invokers import raise_for_worker_error
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.selection import LambdaTierState
 from modelless.types import InstanceState, InstanceStats, WorkerState

@@ -35,15 +35,13 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
-from modelless.batching import (
-    DEFAULT_MAX_DELAY_S,
+from modelless.batching import DEFAULT_MAX_DELAY_S, ModelFn, VariantBatcher, max_limit_for, profile_estimate
+from modelless.exceptions import (
     BatcherClosedError,
-    ModelFn,
-    VariantBatcher,
-    max_limit_for,
-    profile_estimate,
+    InstanceDrainingError,
+    InvalidInputError,
+    NoFreeSlotError,
 )
-from modelless.exceptions import ConflictError, InvalidInputError, ServiceUnavailableError
 from modelless.monitoring import WorkerMonitor
 from modelless.pools.reporting import make_state_sink
 from modelless.repository import open_repository
@@ -83,17 +81,6 @@ def deadline_ms_of(payload: dict[str, Any], default_ms: float) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
         raise InvalidInputError(f"deadline_ms must be a finite number of milliseconds, not {raw!r}")
     return max(0.0, float(raw))
-
-
-class NoFreeSlotError(ConflictError):
-    code = "no_free_slot"
-
-
-class InstanceDrainingError(ServiceUnavailableError):
-    """The instance is being unloaded (or just was): another instance or the Lambda tier serves
-    the query (a 503, which the dispatcher retries elsewhere)."""
-
-    code = "instance_draining"
 
 
 class Worker:

@@ -11,8 +11,8 @@ from modelless.api.dependencies import AdminDep, CallerAppDep, KeyDep, ServicesD
 from modelless.api.schemas import JobReply, OfflineBuckets, OfflineQuery
 from modelless.api.services import Services
 from modelless.auth import authorize_app
-from modelless.exceptions import InvalidInputError, NotFoundError, ServiceUnavailableError
-from modelless.offline.jobs import InvalidJobError, JobSpec, S3Path
+from modelless.exceptions import InvalidInputError, InvalidJobError, NotFoundError, ServiceUnavailableError
+from modelless.offline.jobs import JobSpec, S3Path
 from modelless.offline.service import JobView, OfflineService
 from modelless.validation import check_name
 
