@@ -53,7 +53,7 @@ from bench.report import (
 )
 from modelless.cli import format_table
 from modelless.config import Settings
-from modelless.dispatcher import LIVE_STATE_TTL_S, Dispatcher
+from modelless.dispatch import LIVE_STATE_TTL_S, Dispatcher
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
@@ -247,7 +247,7 @@ def time_after_profiles_change(
     with counting_reads(store) as reads:
         for index in range(queries):
             store.publish_variants(model, republished, registration)
-            dispatcher.forget_live_state()
+            dispatcher.live_view.forget_snapshots()
             started = time.perf_counter()
             dispatcher.select(targets[index % len(targets)])
             samples.append((time.perf_counter() - started) * 1000)

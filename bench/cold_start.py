@@ -51,7 +51,7 @@ import modelless.api
 import modelless.api.services
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.invokers import AwsLambdaInvoker, HttpWorkerInvoker
-from modelless.dispatcher import Dispatcher
+from modelless.dispatch import Dispatcher
 counting(botocore.session.Session, "create_client", "boto3 clients")
 counting(modelless.api.services, "build_services", "build_services")
 counting(modelless.api, "create_app", "create_app")
@@ -91,7 +91,7 @@ print(json.dumps({
     "created_after_first_request": after_first,
     "created_after_all_requests": dict(created),
     "statuses": statuses,
-    "lifespan": gateway.asgi_handler.lifespan,
+    "lifespan": gateway.gateway.asgi_handler.lifespan,
 }))
 """
 

@@ -1234,10 +1234,10 @@ tier's container start-up measured in this run, {span(outcome.lambda_init_ms, 0)
 variant's profiled load; keep-warm and a concurrency limit), the workers' 1 s monitoring reports,
 and the scaler every {SCALER_PERIOD_S:g} s (the deployed period: `modelless.scaling.ticks`). It runs the
 project's own code for every decision: `InfaasPolicy.get_variant` (given the Lambda tier's idle containers
-and cold start, `LambdaTierState`) and `warmup` on `Dispatcher.candidates`' per-target lists,
-`Dispatcher._with_in_flight`, `WorkerMonitor` (instance states, drains, the batch size each
+and cold start, `LambdaTierState`) and `warmup` on `ProfileCache.candidates`' per-target lists,
+`live_view.with_in_flight`, `WorkerMonitor` (instance states, drains, the batch size each
 instance reports), `AimdController`, `RecentTightestBudget`/`batch_limit` and the batcher's
-deadline rule for each batch, `LoadRecorder`/`group_of` (load per group) and `Scaler.tick` with
+deadline rule for each batch, `QueryLoadCounter`/`group_of` (query load per group) and `Scaler.tick` with
 the exact program (`solve_exact`, given {SIM_EXACT_TIME_LIMIT_S:g} s instead of its wall-clock 1 s so
 that every plan is HiGHS's optimum and runs are deterministic) or the greedy. Mirrored, not
 called (they act over HTTP): plans are placed as `InstancePlacer.place` places them (surplus

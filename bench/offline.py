@@ -61,7 +61,7 @@ from bench.report import (
     write_fragment,
 )
 from modelless.config import Settings
-from modelless.dispatcher import Dispatcher
+from modelless.dispatch import Dispatcher
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import JobSpec
 from modelless.offline.service import OfflineService

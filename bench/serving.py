@@ -355,7 +355,7 @@ class ProjectStack:
             body = {"variant": preload.to_json()}
             httpx.post(f"{child.address}/load", json=body, timeout=60).raise_for_status()
             self.wait_active(preload.variant_id, 30)
-        self.stack.services.dispatcher.forget_live_state()
+        self.stack.services.dispatcher.live_view.forget_snapshots()
 
     def warm_lambda(self, variant: VariantProfile, sample: Any) -> None:
         """Start the Lambda tier's container and load ``variant`` in it, so that no load measured

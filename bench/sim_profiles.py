@@ -61,8 +61,9 @@ NAMED = (HEAVY,)
 # serving path's own hand-off and jitter, which INFaaS's rule could neglect for ImageNet models
 # of tens of ms and which the simulator does not model. With a 1 ms floor the embedded stack met
 # only about 80 % of the validation load's targets on this 2-core machine (one live run,
-# 2026-11-23); 2 ms is one of the project's latency classes (modelless.load.LATENCY_CLASSES_MS)
-# and the cold target of the study's earlier runs.
+# 2026-11-23); 2 ms is one of the project's latency classes
+# (modelless.query_load.LATENCY_CLASSES_MS) and the cold target of the study's earlier
+# runs.
 POPULAR_SLO_MS = 50.0
 COLD_SLO_FACTOR = 1.5
 COLD_FLOOR_MS = 2.0
@@ -70,8 +71,8 @@ COLD_FLOOR_MS = 2.0
 # its 200 ms CPU variant, where one CPU instance meets the target at low load and a handful
 # cannot keep up at high load. The heavy model's developer CPU variant answers in ~7 ms here:
 # its pattern target is 10 ms, about 1.5x that, and one of the project's latency classes
-# (modelless.load.LATENCY_CLASSES_MS), so that the scaler plans with exactly the target (a
-# budget between two classes is planned with the lower one).
+# (modelless.query_load.LATENCY_CLASSES_MS), so that the scaler plans with exactly the
+# target (a budget between two classes is planned with the lower one).
 PATTERN_SLO_MS = 10.0
 # The heavy model's registration (see the module docstring).
 HEAVY_PROFILE_RUNS = 5
@@ -324,7 +325,7 @@ def _register(plan: _Plan, valset: Path, repository_dir: Path) -> dict[str, Any]
     store = open_metadata_store("memory://")
     repository = LocalModelRepository(repository_dir)
     repository.delete_prefix(model_prefix(APP, name))
-    settings = dataclasses.replace(Settings(), profile_runs=plan.runs)
+    settings = Settings().with_overrides(profile_runs=plan.runs)
     registrar = RegistrationService(store, repository, settings, pools)
     started = time.perf_counter()
     try:

@@ -23,15 +23,16 @@ ensure_venv() {
     log "creating virtualenv in .venv"
     "$(pick_python)" -m venv "$VENV"
   fi
-  # Reinstall only when the dependency list changed (a stamp holds pyproject's hash).
+  # Reinstall only when the dependencies or their pins changed (a stamp holds the hash of
+  # pyproject.toml and constraints.txt).
   local stamp="$VENV/.modelless-installed" want
-  want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+  want="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    log "installing Python packages (torch pinned to the local CPU wheel)"
+    log "installing Python packages at constraints.txt's versions (torch: the local CPU wheel)"
     # pip's configured extra indexes print a warning per package; keep the real errors only.
-    "$PY" -m pip install --disable-pip-version-check -q -e "${ROOT}[train,dev]" 2>&1 \
-      | grep -v "^WARNING: Location 'file://" >&2 || true
-    "$PY" -c 'import torch, onnxruntime, fastapi, redis, moto' \
+    "$PY" -m pip install --disable-pip-version-check -q -e "${ROOT}[server,worker,train,bench,dev]" \
+      --constraint "$ROOT/constraints.txt" 2>&1 | grep -v "^WARNING: Location 'file://" >&2 || true
+    "$PY" -c 'import torch, onnxruntime, fastapi, redis, moto, pydantic_settings' \
       || { echo "error: Python packages failed to install" >&2; exit 1; }
     echo "$want" > "$stamp"
   fi

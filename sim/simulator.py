@@ -4,10 +4,10 @@ What is simulated (time is a number, not the clock): query arrivals, worker star
 loads, per-instance queues served in batches at profiled latencies, the Lambda tier's containers
 with cold starts, keep-warm and a concurrency limit, the workers' monitoring reports, and the
 scaler's period. What is *not* simulated but run as is: selection (``InfaasPolicy.get_variant``
-and ``warmup``, on the per-target candidate lists ``Dispatcher.candidates`` caches, with the
-gateway's own queries in flight laid over the reports by ``Dispatcher._with_in_flight``), the
+and ``warmup``, on the per-target candidate lists the gateway's ``ProfileCache`` caches, with
+the gateway's own queries in flight laid over the reports by ``live_view.with_in_flight``), the
 instance state machine (``WorkerMonitor``), the batch-size controller (``AimdController``), the
-load counting (``LoadRecorder``/``group_of``) and the scaler (``Scaler.tick`` with the exact
+query-load counting (``QueryLoadCounter``/``group_of``) and the scaler (``Scaler.tick`` with the exact
 program or the greedy), each fed the simulated state through the interfaces it uses in
 production (a metadata store, a pool provider).
 
@@ -54,9 +54,9 @@ from modelless.batching import (
     max_limit_for,
     profile_estimate,
 )
-from modelless.dispatcher import Dispatcher
+from modelless.dispatch.live_view import with_in_flight
+from modelless.dispatch.profiles import ProfileCache
 from modelless.exceptions import TargetsUnreachableError
-from modelless.load import LoadGroup, LoadRecorder, group_of
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.monitoring import WorkerMonitor
 from modelless.pools.catalog import (
@@ -69,6 +69,7 @@ from modelless.pools.catalog import (
     PoolSpec,
 )
 from modelless.pools.provider import DRAIN_WAIT_S
+from modelless.query_load import QueryGroup, QueryLoadCounter, group_of
 from modelless.scaling.controller import Scaler, ScalerConfig, Solver
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.problem import MEMORY_MB, ScalingPlan, ScalingProblem, resource_demand
@@ -84,7 +85,7 @@ from modelless.types import (
     VariantProfile,
     WorkerState,
 )
-from modelless.worker.server import DRAINED_REFUSAL_S
+from modelless.worker import DRAINED_REFUSAL_S
 
 # INFaaS §6.2's normalised prices per GB·s of an instance's memory footprint.
 PRICE_PER_GB_SECOND = {"cpu": 0.031, "cuda": 0.498, "neuron": 0.190}
@@ -217,7 +218,7 @@ class Worker:
     monitor: WorkerMonitor
     instances: dict[str, Instance] = field(default_factory=dict)
     # Variants drained for another (``reserve``) -> until when a query for them is refused
-    # rather than loading them back on demand (modelless.worker.server's DRAINED_REFUSAL_S).
+    # rather than loading them back on demand (modelless.worker's DRAINED_REFUSAL_S).
     refused_until: dict[str, float] = field(default_factory=dict)
     draining: bool = False
     monitored: bool = True  # False: a baseline's, whose routing reads no reports
@@ -770,7 +771,7 @@ class Simulation:
     def worker_states(self, with_lambda: bool = True) -> list[WorkerState]:
         """What selection sees, as the gateway would: the last reports, plus instances loaded
         since (its own recent loads), plus the Lambda tier's warm containers, with its own
-        queries in flight laid over them (``Dispatcher._with_in_flight``)."""
+        queries in flight laid over them (``live_view.with_in_flight``)."""
         if self._view is None:
             reported = {s.worker_id: s for s in self._states}
             states = []
@@ -785,7 +786,7 @@ class Simulation:
             if self._in_flight:
                 busy = {worker_id for worker_id, _ in self._in_flight}
                 self._overlaid = [
-                    Dispatcher._with_in_flight(s, self._in_flight) if s.worker_id in busy else s
+                    with_in_flight(s, self._in_flight) if s.worker_id in busy else s
                     for s in self._view
                 ]
             else:
@@ -1013,24 +1014,17 @@ class SimProvider:
                 holders[target].add(variant_id)
 
 
-class _NoInvoker:
-    """The dispatcher here only selects: nothing is invoked through it."""
-
-    def invoke(self, address: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        raise NotImplementedError("the simulator runs queries itself")
-
-
 def exact_to_optimality(problem: ScalingProblem, time_limit_s: float) -> ScalingPlan:
     """``solve_exact`` with ``SIM_EXACT_TIME_LIMIT_S`` instead of the wall-clock limit it is given."""
     return solve_exact(problem, max(time_limit_s, SIM_EXACT_TIME_LIMIT_S))
 
 
 class Modelless:
-    """The project: selection per query (spilling to Lambda), load counted per group, the scaler
-    every period.
+    """The project: selection per query (spilling to Lambda), query load counted per group, the
+    scaler every period.
 
     Per query, what ``Dispatcher.select`` does, minus what only a real gateway needs: the
-    candidates come from a real ``Dispatcher``'s per-target cache; the live state is the
+    candidates come from a real ``ProfileCache`` (the gateway's per-target cache); the live state is the
     simulation's, always current (the real snapshot TTL and recent-load overlay are wall-clock
     devices for a state read over the network); on a miss, ``warmup`` names what to load and it
     is loaded here (the real one hands it to a thread that invokes a worker). The query that
@@ -1054,9 +1048,9 @@ class Modelless:
         self._policy = InfaasPolicy(self._pools)
         self._scaler: Scaler | None = None
         self._store: SimStore | None = None
-        self._dispatcher: Dispatcher | None = None
-        self._load = LoadRecorder()
-        self._groups: dict[QueryTargets, LoadGroup] = {}
+        self._profiles: ProfileCache | None = None
+        self._query_load = QueryLoadCounter()
+        self._groups: dict[QueryTargets, QueryGroup] = {}
         # Variants with a warm-up in flight -> when it ends (the dispatcher warms a variant once
         # at a time: Dispatcher._warming).
         self._warming: dict[str, float] = {}
@@ -1065,7 +1059,7 @@ class Modelless:
         self._store = SimStore(sim)
         # The profiles priced as this system's pools are (registration prices them so).
         publish(self._store, [fast(p) for p in repriced(sim.profiles, self._pools)])
-        self._dispatcher = Dispatcher(self._store, self._policy, _NoInvoker(), None)
+        self._profiles = ProfileCache(self._store)
         provider = SimProvider(sim, self._pools, self._scale_in)
         self._scaler = Scaler(self._store, provider, self._pools, self._config, self._solve)
         for pool, count in self._initial.items():
@@ -1073,15 +1067,15 @@ class Modelless:
                 sim.add_worker(self._pools[pool], ready_in_s=0.0)
 
     def route(self, sim: Simulation, query: Query) -> None:
-        assert self._store is not None and self._dispatcher is not None
+        assert self._store is not None and self._profiles is not None
         targets = query.targets
         group = self._groups.get(targets)
         if group is None:
             group = self._groups[targets] = group_of(targets)
-        self._load.record(group)
-        if self._load.due(sim.now):
-            self._store.add_load(self._load.take(sim.now), int(sim.now))
-        candidates = self._dispatcher.candidates(targets, self._store.profiles_version(targets.app_id))
+        self._query_load.record(group)
+        if self._query_load.due(sim.now):
+            self._store.add_load(self._query_load.take(sim.now), int(sim.now))
+        candidates = self._profiles.candidates(targets, self._store.profiles_version(targets.app_id))
         workers = sim.worker_states()
         try:
             decision = self._policy.get_variant(

@@ -1,102 +1,21 @@
-"""The offline function: S3-triggered batch jobs, idempotent, resumable, throttled (DESIGN §6).
-
-Events it takes:
-
-- **S3 ObjectCreated** (straight from S3, or through SQS): a manifest (``*.job.json``) starts a
-  job; an object under a watched prefix becomes one more input of the watch's standing job.
-  Powertools' idempotency utility, with Redis persistence (the metadata store's ElastiCache),
-  turns a duplicate delivery away (one delivered while the first is still being handled does
-  nothing at all); the job id is derived from the object (or the watch) too, so even past the
-  idempotency window a duplicate finds the same job. The job then runs here, with this
-  invocation's remaining time (another invocation holding it makes that a no-op).
-- ``{"jobId": …}``: run (or resume) that job: what the gateway sends for an API-submitted job, and
-  what this function sends itself when its time runs out with inputs left.
-- **a schedule** (EventBridge): resume every unfinished job nobody holds (a runner that crashed
-  or timed out mid-job; its lease expired).
-
-Settings: ``MODELLESS_METADATA_URL`` (Redis), ``MODELLESS_OFFLINE_FUNCTION`` (this function's
-name, for continuations; defaults to ``AWS_LAMBDA_FUNCTION_NAME``), ``MODELLESS_OFFLINE_WATCHES``
-and the other ``MODELLESS_OFFLINE_*`` settings (see ``modelless.config``).
+"""The offline function: S3-triggered batch jobs, idempotent (Powertools' idempotency utility on
+Redis), resumable, throttled (``modelless.entrypoints.offline``; DESIGN §6). Events: S3
+ObjectCreated (straight or through SQS), ``{"jobId": …}`` continuations, the resume schedule.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import time
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAlreadyInProgressError
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from modelless.config import Settings
-from modelless.metadata import open_metadata_store
-from modelless.offline.events import S3JobStarter, idempotency_layer, idempotent_start, s3_records
-from modelless.offline.runner import RunOutcome, RunReport
-from modelless.offline.service import OfflineService
-from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.config import get_settings
+from modelless.entrypoints.offline import CORRELATION_ID_PATH, OfflineFunction, logger, metrics
 
-logger = Logger(service="offline")
-metrics = Metrics(namespace="Modelless", service="offline")
-
-# The correlation id of every event shape it takes: S3's request id, the SQS message, the job
-# being continued, the schedule's event id.
-CORRELATION_ID_PATH = 'Records[0].responseElements."x-amz-request-id" || Records[0].messageId || jobId || id'
-# Stop this long before the invocation's own limit: the runner hands the job on cleanly.
-TIME_MARGIN_S = 15.0
-
-settings = Settings()
-if not settings.offline_function and os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
-    settings = dataclasses.replace(settings, offline_function=os.environ["AWS_LAMBDA_FUNCTION_NAME"])
-store = open_metadata_store(settings.metadata_url)
-# With a function name (always, in Lambda), a job left unfinished is handed to a new invocation.
-service = OfflineService.from_settings(settings, store, DEFAULT_POOLS)
-# S3 events start jobs; this invocation runs them itself (no launch), with its remaining time.
-starter = S3JobStarter(service, launch=False)
-persistence, idempotency_prefix = idempotency_layer(settings.metadata_url)
-start_job, idempotency_config = idempotent_start(starter, persistence, idempotency_prefix)
+offline = OfflineFunction.from_settings(get_settings())
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(correlation_id_path=CORRELATION_ID_PATH, log_event=False)
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    idempotency_config.register_lambda_context(context)
-    deadline = time.time() + context.get_remaining_time_in_millis() / 1000.0 - TIME_MARGIN_S
-    if "jobId" in event:
-        return {"runs": [_run(str(event["jobId"]), deadline)]}
-    if event.get("source") == "aws.events":
-        return {"runs": [_run(job_id, deadline) for job_id in service.resumable()]}
-    started: list[dict[str, Any]] = []
-    for record in s3_records(event):
-        try:
-            result = start_job(record=record)
-        except IdempotencyAlreadyInProgressError:
-            # The same event is being handled by another invocation right now.
-            metrics.add_metric(name="DuplicateEvents", unit=MetricUnit.Count, value=1)
-            logger.info("duplicate S3 event, already being handled")
-            continue
-        metrics.add_metric(name=f"Jobs{result['status'].capitalize()}", unit=MetricUnit.Count, value=1)
-        started.append(result)
-    runs = [
-        _run(r["job_id"], deadline) for r in started if r["status"] in {"started", "exists"} and r["job_id"]
-    ]
-    return {"events": started, "runs": runs}
-
-
-def _run(job_id: str, deadline: float) -> dict[str, Any]:
-    """Run the job until it finishes or the time is nearly up; then hand it to a new invocation."""
-    logger.append_keys(job_id=job_id)
-    if time.time() >= deadline:
-        report = RunReport(job_id, RunOutcome.YIELDED, message="no time left in this invocation")
-    else:
-        report = service.run(job_id, deadline)
-    metrics.add_metric(name="InputsProcessed", unit=MetricUnit.Count, value=report.processed)
-    metrics.add_metric(name="InputsFailed", unit=MetricUnit.Count, value=report.failed)
-    metrics.add_metric(name="OfflinePausedTime", unit=MetricUnit.Seconds, value=report.paused_s)
-    if report.outcome is RunOutcome.YIELDED:
-        service.launch(job_id)  # continues where this run stopped
-    logger.info("offline run ended", extra={"outcome": report.outcome.value, "processed": report.processed})
-    logger.remove_keys(["job_id"])
-    return {"jobId": job_id, "outcome": report.outcome.value, "processed": report.processed}
+    return offline.handle(event, context)

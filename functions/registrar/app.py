@@ -1,86 +1,24 @@
-"""The registrar function: the background part of a registration, in AWS.
-
-The gateway validates an upload, puts the model and its validation set in the model repository
-(S3), records the registration as queued in the metadata store (Redis), and invokes this
-function asynchronously with the registration's job:
-``{"registrationId", "appID", "modelName", "metric", "correlationId"}``
-(``modelless.registration.RegistrationJob``). Here the variants are built, profiled (each step a
-``python -m variants`` child process, as in the embedded stack) and pruned, and the kept ones
-published; a failure is recorded on the registration, with every trace of the model removed.
-
-The invocation is never retried (template.yaml: a dead invocation goes to the RegistrarFailures
-queue instead); a duplicate delivery of a job that is no longer queued is not run again.
-
-Settings: ``MODELLESS_METADATA_URL``, ``MODELLESS_REPOSITORY_URL``, ``MODELLESS_PROFILE_RUNS``.
+"""The registrar function: the background part of a registration, in AWS: the variants of a
+registered model built, profiled (``python -m variants`` children) and pruned, the kept ones
+published (``modelless.entrypoints.registrar``).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from modelless.config import Settings
-from modelless.exceptions import ModellessError
+from modelless.config import get_settings
+from modelless.entrypoints.registrar import Registrar, logger, metrics
 from modelless.lambda_events import RegistrationEvent
-from modelless.metadata import open_metadata_store
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.registration import RegistrationService
-from modelless.repository import open_repository
-from modelless.types import RegistrationStatus
 
-logger = Logger(service="registrar")
-metrics = Metrics(namespace="Modelless", service="registrar")
-
-# The variant steps run as `python -m variants` children: they import what this process imports
-# (the function's packages and the shared layer), whatever the runtime put on PYTHONPATH.
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-
-settings = Settings()
-registrar = RegistrationService(
-    open_metadata_store(settings.metadata_url),
-    open_repository(settings.repository_url),
-    settings,
-    DEFAULT_POOLS,
-)
+registrar = Registrar.from_settings(get_settings())
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(correlation_id_path="correlationId || registrationId", log_event=True)
 @event_source(data_class=RegistrationEvent)
 def handler(event: RegistrationEvent, context: LambdaContext) -> dict[str, Any]:
-    try:
-        job = event.job
-        registration = registrar.run(job)
-    except ModellessError as error:
-        # Nothing to run (a malformed event, a registration that does not exist): not retried.
-        logger.warning("registration job refused", extra={"error": error.to_dict()})
-        return {"statusCode": error.status_code, "error": error.to_dict()}
-    logger.append_keys(app_id=job.app_id, model=job.model_name, registration_id=job.registration_id)
-    outcome = {RegistrationStatus.READY: "Ready", RegistrationStatus.FAILED: "Failed"}
-    # Anything else: a duplicate delivery of a job that had already left the queue.
-    metrics.add_metric(
-        name=f"Registrations{outcome.get(registration.status, 'Skipped')}", unit=MetricUnit.Count, value=1
-    )
-    if registration.finished_at is not None and registration.created_at:
-        metrics.add_metric(
-            name="RegistrationTime",
-            unit=MetricUnit.Seconds,
-            value=registration.finished_at - registration.created_at,
-        )
-    metrics.add_metric(name="VariantsKept", unit=MetricUnit.Count, value=len(registration.variant_ids))
-    metrics.add_metric(name="VariantsPruned", unit=MetricUnit.Count, value=registration.pruned)
-    logger.info("registration finished", extra={"status": registration.status.value})
-    return {
-        "statusCode": 200,
-        "registrationId": registration.registration_id,
-        "status": registration.status.value,
-        "variants": len(registration.variant_ids),
-        "pruned": registration.pruned,
-        "message": registration.message,
-    }
+    return registrar.handle(event)

@@ -1,114 +1,23 @@
-"""The scaling function, run on a schedule (EventBridge): solve the variant mix and apply it
-to the EC2 Auto Scaling groups of the worker pools: their desired capacity (scale-in picks the
-instances that leave; their workers drain under the groups' termination lifecycle hook), and the
-variant instances their workers hold, loaded and unloaded over the VPC at the addresses the workers
-advertise in the metadata store (``modelless.pools.aws``).
-
-EventBridge schedules it once a minute at most; each invocation ticks every
-``MODELLESS_SCALER_PERIOD_S`` (default 10 s) until the next one is due, one invocation at a time
-under a lease in the metadata store (``modelless.scaling.ticks``). The scaler is kept for as long
-as the container: its scale-down holds run across ticks and warm invocations.
-
-Settings: ``MODELLESS_METADATA_URL`` (ElastiCache Redis), ``MODELLESS_POOL_GROUPS`` (JSON: pool
--> Auto Scaling group name), ``MODELLESS_MAX_WORKERS`` and ``MODELLESS_MIN_WORKERS`` (JSON: pool
--> count; only pools listed in MAX are managed), ``MODELLESS_SCALER_PERIOD_S``.
+"""The scaling function, run on a schedule (EventBridge): ticks every ``MODELLESS_SCALER_PERIOD_S``
+until the next invocation is due, each tick solving the variant mix and applying it to the worker
+pools' Auto Scaling groups (``modelless.entrypoints.scaler``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from datetime import UTC, datetime
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from modelless.config import Settings
-from modelless.metadata import open_metadata_store
-from modelless.pools.aws import AwsPoolProvider
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.scaling.controller import Scaler, ScalerConfig
-from modelless.scaling.ticks import DEFAULT_PERIOD_S, ScheduledTicks
+from modelless.config import get_settings
+from modelless.entrypoints.scaler import ScalerFunction, logger, metrics
 
-logger = Logger(service="scaler")
-metrics = Metrics(namespace="Modelless", service="scaler")
-
-# Created once per container: the store's connection pool, the boto3 client and the HTTP client
-# to the workers are reused by every warm invocation, and the scaler's hold timers run on.
-settings = Settings()
-store = open_metadata_store(settings.metadata_url)
-pools = AwsPoolProvider(json.loads(os.environ.get("MODELLESS_POOL_GROUPS", "{}")), store)
-scaler = Scaler(
-    store,
-    pools,
-    DEFAULT_POOLS,
-    ScalerConfig(
-        max_workers=json.loads(os.environ.get("MODELLESS_MAX_WORKERS", '{"cpu": 4}')),
-        min_workers=json.loads(os.environ.get("MODELLESS_MIN_WORKERS", "{}")),
-    ),
-)
-
-
-def scaler_period_s() -> float:
-    raw = os.environ.get("MODELLESS_SCALER_PERIOD_S", str(DEFAULT_PERIOD_S))
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"MODELLESS_SCALER_PERIOD_S must be a number of seconds, got {raw!r}") from None
-
-
-def scaling_tick(now: float) -> dict[str, Any]:
-    """One tick: the plan, applied; its summary logged and its figures added to the metrics."""
-    report = scaler.tick(now)
-    # Instances the plan wants that no worker took yet (workers still booting, or full).
-    summary = {**report.summary(), "unplaced": {pool: dict(v) for pool, v in pools.shortfall.items() if v}}
-    # Dollars per hour: CloudWatch has no currency unit, so the unit is None and the name says it.
-    # One value per tick: the invocation's metrics carry them all.
-    metrics.add_metric(
-        name="PlanCostPerHour", unit=MetricUnit.NoUnit, value=report.plan.cost_per_second * 3600
-    )
-    metrics.add_metric(name="SolveTime", unit=MetricUnit.Milliseconds, value=report.plan.solve_seconds * 1000)
-    metrics.add_metric(
-        name="LambdaTierQps", unit=MetricUnit.CountPerSecond, value=sum(report.plan.lambda_qps.values())
-    )
-    metrics.add_metric(
-        name="InstancesUnplaced",
-        unit=MetricUnit.Count,
-        value=sum(sum(short.values()) for short in pools.shortfall.values()),
-    )
-    logger.info("scaling tick", extra=summary)
-    return summary
-
-
-ticks = ScheduledTicks(scaling_tick, store, period_s=scaler_period_s())
-
-
-def scheduled_at(event: EventBridgeEvent) -> float | None:
-    """The event's scheduled time (epoch seconds); None when it has none that parses."""
-    try:
-        when = datetime.fromisoformat(event.time)
-    except (KeyError, TypeError, ValueError):
-        return None
-    return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
+scaler = ScalerFunction.from_settings(get_settings())
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(log_event=False)
 @event_source(data_class=EventBridgeEvent)
 def handler(event: EventBridgeEvent, context: LambdaContext) -> dict[str, Any]:
-    window = ticks.run(scheduled_at(event), context.get_remaining_time_in_millis, context.aws_request_id)
-    outcome = {
-        "ticks": len(window.results),
-        "skipped": window.skipped,
-        "failed": window.failed,
-        "stopped": window.stopped,
-        "period_s": ticks.period_s,
-    }
-    metrics.add_metric(name="ScalingTicks", unit=MetricUnit.Count, value=len(window.results))
-    metrics.add_metric(name="ScalingTicksFailed", unit=MetricUnit.Count, value=window.failed)
-    logger.info("scaling window", extra={"schedule": event.detail_type, **outcome})
-    # The last tick's summary (the plan in force now), and what the invocation did.
-    return {**(window.results[-1] if window.results else {}), **outcome}
+    return scaler.handle(event, context)

@@ -10,8 +10,10 @@
 #      worker's id (the scaler maps scale-in choices to instances by it), its private IP the
 #      address the worker advertises in the metadata store (gateway, scaler and offline jobs reach
 #      it there, across the VPC);
-#   2. installs the project into /opt/modelless/venv from the wheel published beside this script
-#      (the gpu pool swaps onnxruntime for onnxruntime-gpu where an NVIDIA driver is present);
+#   2. installs the library into /opt/modelless/venv from the wheel published beside this script,
+#      with its `worker` extra, at the versions of the constraints.txt published with it (the same
+#      pins as the development environment and the Lambda packages); the gpu pool swaps
+#      onnxruntime for onnxruntime-gpu where an NVIDIA driver is present;
 #   3. starts two systemd services: modelless-worker (modelless.worker.server on port 8500; a stop
 #      sends SIGTERM, and the worker stops reporting, finishes what is in flight, then exits) and
 #      modelless-lifecycle (infra/aws/worker-lifecycle.sh: on scale-in, drains the worker and then
@@ -87,13 +89,16 @@ aws s3 cp --recursive --only-show-errors "$MODELLESS_DEPLOY_URL/" "$HOME_DIR/dep
 "$VENV/bin/pip" install --quiet --upgrade pip
 wheels=("$HOME_DIR"/deploy/wheels/*.whl)
 [ -e "${wheels[0]}" ] || { log "no wheel under $MODELLESS_DEPLOY_URL/wheels/ (run scripts/publish-worker)"; exit 1; }
-"$VENV/bin/pip" install --quiet "${wheels[@]}"
+CONSTRAINTS="$HOME_DIR/deploy/constraints.txt"
+[ -f "$CONSTRAINTS" ] || { log "no constraints.txt under $MODELLESS_DEPLOY_URL/ (run scripts/publish-worker)"; exit 1; }
+# Each wheel with its worker extra: what python -m modelless.worker imports, pinned.
+"$VENV/bin/pip" install --quiet --constraint "$CONSTRAINTS" "${wheels[@]/%/[worker]}"
 if [ "$MODELLESS_POOL" = "gpu" ] && command -v nvidia-smi >/dev/null 2>&1; then
   # Same version, CUDA build: modelless.runtime prefers the CUDA provider where it is available.
   ort_version="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("onnxruntime"))')"
   "$VENV/bin/pip" uninstall --quiet --yes onnxruntime
-  "$VENV/bin/pip" install --quiet "onnxruntime-gpu==$ort_version" \
-    || "$VENV/bin/pip" install --quiet "onnxruntime==$ort_version"
+  "$VENV/bin/pip" install --quiet --constraint "$CONSTRAINTS" "onnxruntime-gpu==$ort_version" \
+    || "$VENV/bin/pip" install --quiet --constraint "$CONSTRAINTS" "onnxruntime==$ort_version"
 fi
 install -m 0755 "$HOME_DIR/deploy/worker-lifecycle.sh" "$HOME_DIR/worker-lifecycle"
 

@@ -3,8 +3,11 @@
 - every zip function, unzipped, with its layers, stays under Lambda's 250 MB limit;
 - every function's handler imports under the Lambda runtime's Python with nothing but its own
   package, its layers and the runtime's boto3 on the path (``python -S``: no site-packages of the
-  machine's interpreter), as Lambda imports it: a dependency missing from a requirements.txt
-  fails here, not on the first invocation in AWS.
+  machine's interpreter), as Lambda imports it: a dependency missing from a function's extra in
+  pyproject.toml (infra/build/lambda_package.py builds the packages from them) fails here, not on
+  the first invocation in AWS;
+- no function and no layer holds benchmark, simulator or local-infrastructure code: no top-level
+  ``bench``, ``sim`` or ``infra`` package, nor any file of one (infra/build/shipping.py).
 
     python -m infra.build.lambda_artifacts .aws-sam/build --python python3.12 --runtime-path DIR
 """
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from infra.build.shipping import NOT_SHIPPED, unshipped
 
 # "Unzipped size must be smaller than 262144000 bytes": a function and all its layers together.
 UNZIPPED_LIMIT_BYTES = 262_144_000
@@ -103,6 +108,31 @@ def functions_of(build_dir: Path) -> list[FunctionArtifact]:
             )
         )
     return found
+
+
+def unshipped_code(root: Path) -> list[str]:
+    """What ``root`` (a function's package, a layer or its ``python/``) holds of bench, sim or
+    infra: each such top-level package or module, with the number of files under it."""
+    if not root.is_dir():
+        return []
+    entries = {f"{entry.name}/" if entry.is_dir() else entry.name: entry for entry in root.iterdir()}
+    found = []
+    for name in unshipped(entries):
+        entry = entries[name]
+        files = sum(len(f) for _, _, f in os.walk(entry)) if entry.is_dir() else 1
+        found.append(f"{entry} ({files} file{'' if files == 1 else 's'})")
+    return found
+
+
+def package_roots(artifacts: list[FunctionArtifact]) -> list[Path]:
+    """Every built directory Lambda puts on the path, once: functions' code, layers and their
+    ``python/``."""
+    roots: list[Path] = []
+    for artifact in artifacts:
+        for root in (artifact.code_dir, *artifact.layer_dirs, *(d / "python" for d in artifact.layer_dirs)):
+            if root not in roots:
+                roots.append(root)
+    return roots
 
 
 IMPORT_CHECK = """
@@ -187,6 +217,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{artifact.name}: {total} bytes unzipped with its layers; Lambda's limit is "
                 f"{UNZIPPED_LIMIT_BYTES} (make it a container image, or move dependencies out)"
             )
+    stray = [found for root in package_roots(artifacts) for found in unshipped_code(root)]
+    for found in stray:
+        failures.append(
+            f"{found}: {'/'.join(NOT_SHIPPED)} code never ships (benchmarks, simulator, local "
+            "infrastructure); infra/build/lambda_package.py copies only the library, variants/ and "
+            "the handler directories"
+        )
+    if not stray:
+        print(f"no {', '.join(NOT_SHIPPED)} code in any function or layer")
     for failure in failures:
         print(f"error: {failure}", file=sys.stderr)
     print(f"checked {len(artifacts)} functions in {time.perf_counter() - started:.1f} s")

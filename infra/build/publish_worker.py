@@ -1,8 +1,12 @@
 """Publishes what the worker pools' instances install at boot, under ``deploy/`` of the model
 bucket (template.yaml's user data downloads ``deploy/worker-boot.sh`` and runs it):
 
-- ``deploy/wheels/modelless-*.whl``: this project as a wheel (modelless, variants, and infra with
-  the worker server), built from a clean copy of its sources; earlier wheels are removed;
+- ``deploy/wheels/modelless-*.whl``: the library (modelless, with the worker server,
+  ``python -m modelless.worker``) as a wheel, built from a clean copy of its sources and of
+  pyproject.toml (which names the ``worker`` extra the instances install); earlier wheels are
+  removed. It never holds bench/, sim/ or infra/ (build_wheel checks);
+- ``deploy/constraints.txt``: the versions that extra is installed at, the same pins as .venv's
+  and the Lambda packages';
 - ``deploy/worker-boot.sh``, ``deploy/worker-lifecycle.sh`` and ``deploy/systemd/*.service``
   (infra/aws/): the boot script, the scale-in drain, and the two systemd units.
 
@@ -20,22 +24,44 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import boto3
 
+from infra.build.shipping import NOT_SHIPPED, unshipped
+
 ROOT = Path(__file__).resolve().parents[2]
 AWS_DIR = ROOT / "infra" / "aws"
 DEPLOY_PREFIX = "deploy/"
 WHEELS_PREFIX = f"{DEPLOY_PREFIX}wheels/"
-# What the wheel is built from (pyproject.toml's packages: modelless, variants, infra).
-WHEEL_SOURCES = ("pyproject.toml", "layers/modelless/modelless", "variants", "infra")
+# What the wheel is built from: pyproject.toml's packages found in this copy, modelless alone (the
+# worker needs no variants/: it never generates variants).
+WHEEL_SOURCES = ("pyproject.toml", "layers/modelless/modelless")
+CONSTRAINTS = ROOT / "constraints.txt"
+
+
+class WheelError(RuntimeError):
+    """The worker's wheel holds what never ships."""
+
+
+def check_wheel(wheel: Path) -> None:
+    """Raises WheelError if the wheel holds any file of a top-level bench, sim or infra package."""
+    with zipfile.ZipFile(wheel) as archive:
+        stray = unshipped(archive.namelist())
+    if stray:
+        listed = ", ".join(stray[:5]) + (" …" if len(stray) > 5 else "")
+        raise WheelError(
+            f"{wheel.name} holds {'/'.join(NOT_SHIPPED)} code, which never ships to the workers: "
+            f"{listed} (WHEEL_SOURCES: {', '.join(WHEEL_SOURCES)})"
+        )
 
 
 def build_wheel(out_dir: Path) -> Path:
-    """The project's wheel, built from a fresh copy of its sources (a stale build/ directory in the
-    working tree can never leak old files into it), without dependencies."""
+    """The library's wheel, built from a fresh copy of its sources (a stale build/ directory in the
+    working tree can never leak old files into it), without dependencies; checked to hold no
+    bench, sim or infra code (a stray wheel is removed, and WheelError raised)."""
     with tempfile.TemporaryDirectory(prefix="modelless-wheel-") as scratch:
         source = Path(scratch) / "src"
         for relative in WHEEL_SOURCES:
@@ -54,6 +80,11 @@ def build_wheel(out_dir: Path) -> Path:
             check=True,
         )  # fmt: skip
     [wheel] = sorted(out_dir.glob("modelless-*.whl"))
+    try:
+        check_wheel(wheel)
+    except WheelError:
+        wheel.unlink()
+        raise
     return wheel
 
 
@@ -62,6 +93,7 @@ def deploy_files(wheel: Path) -> dict[str, Path]:
     files = {
         f"{DEPLOY_PREFIX}worker-boot.sh": AWS_DIR / "worker-boot.sh",
         f"{DEPLOY_PREFIX}worker-lifecycle.sh": AWS_DIR / "worker-lifecycle.sh",
+        f"{DEPLOY_PREFIX}constraints.txt": CONSTRAINTS,
         f"{WHEELS_PREFIX}{wheel.name}": wheel,
     }
     for unit in sorted((AWS_DIR / "systemd").glob("*.service")):

@@ -1,0 +1,1 @@
+"""The embedded stack on one machine: gateway, worker processes, local Lambda containers, demo."""

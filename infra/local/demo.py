@@ -146,7 +146,7 @@ def zoo_summary(variants_by_app: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(url: str, zoo_dir: Path, done: threading.Event, failures: list[str]) -> None:
+def run_demo(url: str, admin_key: str, zoo_dir: Path, done: threading.Event, failures: list[str]) -> None:
     from infra.zoo.digits import build_zoo
 
     try:
@@ -155,7 +155,7 @@ def run_demo(url: str, zoo_dir: Path, done: threading.Event, failures: list[str]
             time.sleep(0.1)
         print("building the demo zoo (trained here on scikit-learn's digits)...", flush=True)
         manifest = build_zoo(zoo_dir)
-        admin = Client(url, admin_key=os.environ["MODELLESS_ADMIN_KEY"])
+        admin = Client(url, admin_key=admin_key)
         clients: dict[str, Client] = {}
         for wanted, only in DEMO_APPS.items():
             app_id, key = ensure_app(admin, wanted)
@@ -211,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     done = threading.Event()
     failures: list[str] = []
     threading.Thread(
-        target=run_demo, args=(stack.url, args.state_dir / "demo", done, failures), daemon=True
+        target=run_demo,
+        args=(stack.url, stack.services.settings.admin_key, args.state_dir / "demo", done, failures),
+        daemon=True,
     ).start()
     if args.exit_after_demo:
 

@@ -23,7 +23,7 @@ from infra.local.lambda_container import local_lambda_tier
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
 from modelless.client import Client
-from modelless.config import Settings
+from modelless.config import get_settings
 from modelless.observability import logger
 from modelless.offline.events import S3JobStarter, SqsEventPoller, s3_records
 from modelless.offline.service import ThreadLauncher
@@ -149,11 +149,14 @@ def start_stack(
     state_dir.mkdir(parents=True, exist_ok=True)
     url = f"http://{host}:{port}"
     metadata_url = resolve_metadata_url(metadata)
-    settings = Settings(
+    # The environment's settings (MODELLESS_*), with this stack's store, repository and cache;
+    # its admin key the environment's, else a new one.
+    configured = get_settings()
+    settings = configured.with_overrides(
         metadata_url=metadata_url,
         repository_url=str(state_dir / "repo"),
         cache_dir=state_dir / "cache",
-        admin_key=os.environ.get("MODELLESS_ADMIN_KEY") or "adm_" + secrets.token_urlsafe(24),
+        admin_key=configured.admin_key or "adm_" + secrets.token_urlsafe(24),
     )
     lambda_tier = local_lambda_tier(
         settings.repository_url, state_dir / "logs", state_dir / "cache", concurrency=lambda_concurrency

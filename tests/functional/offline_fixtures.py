@@ -4,7 +4,6 @@ model published with one live worker, and an OfflineService on the test's Redis 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
@@ -132,7 +131,7 @@ def served(pool: LocalWorkerPool, redis_store: RedisMetadataStore, buckets: Buck
 
 def offline_service(store: RedisMetadataStore, **settings: Any) -> OfflineService:
     service = OfflineService.from_settings(
-        dataclasses.replace(Settings(), **settings), store, DEFAULT_POOLS, live_workers=store.list_workers
+        Settings().with_overrides(**settings), store, DEFAULT_POOLS, live_workers=store.list_workers
     )
     service.launcher = NoLaunch()
     return service
@@ -206,6 +205,6 @@ def offline_function(
     try:
         yield offline
     finally:
-        offline.service.close()
-        offline.store.close()
+        offline.offline.service.close()
+        offline.offline.store.close()
         sys.modules.pop("functions.offline.app", None)

@@ -481,9 +481,9 @@ def test_scaler_scales_the_template_pools_on_its_schedule(
     scaler = fresh_import("functions.scaler.app")
     # Ticks every 10 s until the next minute's invocation, which the timeout leaves room for:
     # a tick starting 50 s in, with a tick's reserve after it.
-    assert scaler.ticks.period_s == 10.0
+    assert scaler.scaler.ticks.period_s == 10.0
     properties = load_template(ROOT / "template.yaml")["Resources"]["Scaler"]["Properties"]
-    assert properties["Timeout"] >= SCHEDULE_S - scaler.ticks.period_s + 2 * MIN_TICK_RESERVE_S
+    assert properties["Timeout"] >= SCHEDULE_S - scaler.scaler.ticks.period_s + 2 * MIN_TICK_RESERVE_S
     assert properties["Events"]["Tick"]["Properties"]["Schedule"] == f"rate({SCHEDULE_S / 60:.0f} minute)"
     assert properties["EventInvokeConfig"]["MaximumRetryAttempts"] == 0  # no second run of a window
 
@@ -560,8 +560,8 @@ def offline(
     try:
         yield OfflineDeployment(function, lambdas, buckets)
     finally:
-        function.service.close()
-        function.store.close()
+        function.offline.service.close()
+        function.offline.store.close()
 
 
 def manifest_created(buckets: Buckets, key: str, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -625,7 +625,7 @@ def test_offline_schedule_resumes_a_job_whose_runner_never_ran(
     buckets.upload_inputs("in/", 4)
     # A job submitted through the API: the function invocation that should run it was launched
     # (asynchronously, to this function) but never delivered, as if its runner died at once.
-    job = offline.function.service.submit(
+    job = offline.function.offline.service.submit(
         JobSpec(OFFLINE_APP, f"s3://{buckets.data}/in/", f"s3://{buckets.data}/out/", 0.5)
     )
     [launched] = offline.lambdas.queued

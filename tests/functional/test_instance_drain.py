@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 import pytest
 
-from modelless.dispatcher import Dispatcher, QueryResult
+from modelless.dispatch import Dispatcher, QueryResult
 from modelless.exceptions import InvalidInputError, ServiceUnavailableError
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS

@@ -27,14 +27,14 @@ import onnxruntime as ort
 import pytest
 
 from infra.local.lambda_container import local_lambda_tier
-from modelless.dispatcher import Dispatcher, QueryResult
-from modelless.load import group_of
+from modelless.dispatch import Dispatcher, QueryResult
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.monitoring import WINDOW_S
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
+from modelless.query_load import group_of
 from modelless.repository.local import LocalModelRepository
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.selection import InfaasPolicy

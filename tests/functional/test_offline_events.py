@@ -87,7 +87,7 @@ def test_a_duplicate_delivered_while_the_first_is_handled_is_turned_away(
 
     with offline_function(monkeypatch, redis_store) as offline:
         entered, release = threading.Event(), threading.Event()
-        start = offline.starter.start
+        start = offline.offline.starter.start
 
         def held_start(record: dict[str, Any]) -> dict[str, Any]:
             entered.set()  # inside the idempotent section: its record says "in progress"
@@ -95,7 +95,7 @@ def test_a_duplicate_delivered_while_the_first_is_handled_is_turned_away(
             result: dict[str, Any] = start(record)
             return result
 
-        monkeypatch.setattr(offline.starter, "start", held_start)
+        monkeypatch.setattr(offline.offline.starter, "start", held_start)
         replies: list[dict[str, Any]] = []
         first = threading.Thread(target=lambda: replies.append(offline.handler(event, LambdaContext())))
         first.start()
@@ -132,19 +132,19 @@ def test_a_watched_prefix_feeds_one_standing_job(
     ]
     rows = sample_inputs(3)
     with offline_function(monkeypatch, redis_store, MODELLESS_OFFLINE_WATCHES=json.dumps(watches)) as offline:
-        [watch] = offline.service.watches
+        [watch] = offline.offline.service.watches
         for index in range(2):
             buckets.s3.put_object(Bucket=buckets.data, Key=f"drop/x-{index}.npy", Body=npy(rows[index]))
         first = receive_all(event_queue, expect=2)
         replies = [offline.handler(as_lambda_event(m), LambdaContext()) for m in first]
-        view = offline.service.view(watch.job_id, APP)
+        view = offline.offline.service.view(watch.job_id, APP)
         assert view.job.status is JobStatus.COMPLETED and (view.done, view.total) == (2, 2)
 
         # A later object: the caught-up job takes it; a duplicate delivery of it adds nothing.
         buckets.s3.put_object(Bucket=buckets.data, Key="drop/late/x-2.npy", Body=npy(rows[2]))
         [late] = receive_all(event_queue, expect=1)
         replies += [offline.handler(as_lambda_event(late), LambdaContext()) for _ in range(2)]
-        view = offline.service.view(watch.job_id, APP)
+        view = offline.offline.service.view(watch.job_id, APP)
 
     assert {e["job_id"] for r in replies for e in r["events"]} == {watch.job_id}
     assert view.job.status is JobStatus.COMPLETED and (view.done, view.total, view.errors) == (3, 3, 0)

@@ -188,7 +188,8 @@ def test_an_unknown_pool_or_group_is_a_clear_error(
 def test_the_boot_package_is_published_where_the_user_data_reads_it(
     s3_bucket: str, aws_endpoint: str, tmp_path: Path
 ) -> None:
-    """scripts/publish-worker: the wheel holds the worker server; an earlier wheel is replaced."""
+    """scripts/publish-worker: the wheel holds the library with the worker server and nothing of
+    bench, sim or infra; the pins it is installed at go beside it; an earlier wheel is replaced."""
     import zipfile
 
     import boto3
@@ -206,12 +207,21 @@ def test_the_boot_package_is_published_where_the_user_data_reads_it(
     assert {
         "deploy/worker-boot.sh",
         "deploy/worker-lifecycle.sh",
+        "deploy/constraints.txt",
         "deploy/systemd/modelless-worker.service",
         "deploy/systemd/modelless-lifecycle.service",
         f"deploy/wheels/{wheel.name}",
     } == set(keys)
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    assert {"modelless/worker/server.py", "modelless/pools/aws.py", "variants/__init__.py"} <= names
+        [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
+        extras = archive.read(metadata).decode()
+    assert {"modelless/worker/server.py", "modelless/pools/aws.py"} <= names
+    # The library alone: no benchmark, simulator or infrastructure code (nor variants/).
+    assert {name.split("/", 1)[0] for name in names} == {"modelless", metadata.split("/", 1)[0]}
+    assert "Provides-Extra: worker" in extras  # what worker-boot.sh installs
+    root = Path(__file__).resolve().parents[2]
+    constraints = s3.get_object(Bucket=s3_bucket, Key="deploy/constraints.txt")["Body"].read()
+    assert constraints == (root / "constraints.txt").read_bytes()
     boot = s3.get_object(Bucket=s3_bucket, Key="deploy/worker-boot.sh")["Body"].read()
-    assert boot == (Path(__file__).resolve().parents[2] / "infra/aws/worker-boot.sh").read_bytes()
+    assert boot == (root / "infra/aws/worker-boot.sh").read_bytes()

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from modelless.load import LoadGroup
 from modelless.metadata.base import MetadataStore
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.aws import PLAN_TAG
 from modelless.pools.catalog import CPU_POOL
+from modelless.query_load import QueryGroup
 from modelless.scaling.ticks import ScheduledTicks
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
 from tests.conftest import service_url
@@ -42,7 +42,7 @@ class Context:
         return 60_000
 
 
-def seed(store: RedisMetadataStore, now: int | None = None) -> LoadGroup:
+def seed(store: RedisMetadataStore, now: int | None = None) -> QueryGroup:
     """A model with one cpu variant, and 2,000 q/s of load over the 40 s before ``now``."""
     record = ModelRecord("app", "m", "input", [1, 8, 8], "float32", 10, "reg", "src", True)
     registration = Registration("reg", "app", "m", RegistrationStatus.READY)
@@ -55,7 +55,7 @@ def seed(store: RedisMetadataStore, now: int | None = None) -> LoadGroup:
         hardware="test", measured_on_target=True,
     )  # fmt: skip
     store.publish_variants(record, [profile], registration)
-    group = LoadGroup("app", None, 0.9, 50.0)
+    group = QueryGroup("app", None, 0.9, 50.0)
     now = int(time.time()) if now is None else now
     for second in range(now - 40, now):
         store.add_load({group.key: 2000}, second)
@@ -167,14 +167,14 @@ def test_an_invocation_ticks_every_period_until_the_next_one_is_due(
 
     def tick(now: float) -> dict[str, Any]:
         holders.append(deployed.store.scaler_lease_holder())
-        summary: dict[str, Any] = deployed.function.scaling_tick(now)
+        summary: dict[str, Any] = deployed.function.scaler.scaling_tick(now)
         workers.append(summary["workers"]["cpu"])
         return summary
 
     # The function's own loop and scaler, the clock faked: the minute passes in a moment.
-    assert deployed.function.ticks.period_s == 10.0  # MODELLESS_SCALER_PERIOD_S's default
+    assert deployed.function.scaler.ticks.period_s == 10.0  # MODELLESS_SCALER_PERIOD_S's default
     monkeypatch.setattr(
-        deployed.function,
+        deployed.function.scaler,
         "ticks",
         ScheduledTicks(tick, deployed.store, period_s=10.0, clock=clock, sleep=clock.sleep),
     )

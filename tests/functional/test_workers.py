@@ -20,11 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-import modelless.dispatcher as dispatcher_module
 import modelless.metadata.redis as redis_backend
 import modelless.pools.lambda_local as lambda_local
 import modelless.worker.server as worker_server
-from modelless.dispatcher import Dispatcher, QueryResult
+from modelless.dispatch import DEADLINE_GRACE_S, Dispatcher, QueryResult
 from modelless.exceptions import (
     ModellessError,
     QueryFailedError,
@@ -312,7 +311,7 @@ def test_dispatcher_moves_a_query_off_a_hung_worker_within_its_budget_and_grace(
         query = threading.Thread(target=lambda: outcome.append(dispatcher.online_query(targets, inputs)))
         query.start()
         # Bounded by the budget and the attempt's grace, then the retry: far under 30 s.
-        query.join(dispatcher_module.DEADLINE_GRACE_S + 5.0)
+        query.join(DEADLINE_GRACE_S + 5.0)
         assert not query.is_alive(), "the query stayed with the hung worker"
     finally:
         os.kill(hung.pid, signal.SIGCONT)

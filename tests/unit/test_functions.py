@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from modelless.load import LoadGroup
+from modelless.query_load import QueryGroup
 from modelless.repository.local import LocalModelRepository
 from modelless.runtime import decode_array, encode_array
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
@@ -158,7 +158,8 @@ def test_scaler_handler_ticks_every_period_within_its_scheduled_minute(
     from modelless.scaling.ticks import ScheduledTicks
 
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
-    scaler = scaler_function(monkeypatch, "15")
+    function = scaler_function(monkeypatch, "15")
+    scaler = function.scaler  # the container's: its store, its ticks
     event = json.loads((EVENTS / "scheduled.json").read_text())
     scheduled = datetime.fromisoformat(event["time"]).timestamp()
     clock = ScalerClock(scheduled + 0.4)
@@ -175,7 +176,7 @@ def test_scaler_handler_ticks_every_period_within_its_scheduled_minute(
     registration = Registration("reg", "app", "linear", RegistrationStatus.READY)
     scaler.store.add_model(record, registration)
     scaler.store.publish_variants(record, [variant], registration)
-    group = LoadGroup("app", None, 0.8, 50.0)
+    group = QueryGroup("app", None, 0.8, 50.0)
     for second in range(int(scheduled) - 30, int(scheduled) + 60):
         scaler.store.add_load({group.key: 40}, second)
     # The handler's own loop, on the fake clock: its period is the environment's.
@@ -185,7 +186,7 @@ def test_scaler_handler_ticks_every_period_within_its_scheduled_minute(
     )
     capsys.readouterr()
 
-    summary = scaler.handler(event, ScalerContext(clock))
+    summary = function.handler(event, ScalerContext(clock))
 
     assert ticked == [scheduled + 0.4, scheduled + 15, scheduled + 30, scheduled + 45]
     assert summary["ticks"] == 4 and summary["failed"] == summary["skipped"] == 0
@@ -210,3 +211,49 @@ def test_scaler_function_refuses_a_bad_period(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         scaler_function(monkeypatch, period)
+
+
+# --- what each function imports ----------------------------------------------------------------
+
+# Packages a function's Lambda package does not hold, or that it must not pay for at its cold start
+# (its lambda-NAME extra in pyproject.toml and the layer say what it holds).
+NOT_IMPORTED = {
+    "cpu_worker": {"fastapi", "mangum", "scipy", "onnxruntime", "redis", "httpx", "boto3", "variants", "PIL"},
+    "gateway": {"scipy", "onnxruntime", "PIL"},
+    "offline": {"fastapi", "mangum", "scipy", "onnxruntime", "variants"},
+    "registrar": {"fastapi", "mangum", "scipy", "onnxruntime", "PIL"},
+    "scaler": {"fastapi", "mangum", "onnxruntime", "onnx", "variants", "PIL"},
+}
+IMPORTED_PACKAGES = """
+import json, sys
+import functions.{name}.app
+print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}})))
+"""
+
+
+@pytest.mark.parametrize("name", sorted(NOT_IMPORTED))
+def test_a_function_imports_only_what_its_package_holds(name: str, tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELLESS_")}
+    env |= {
+        "MODELLESS_METADATA_URL": "memory://",
+        "MODELLESS_REPOSITORY_URL": str(tmp_path / "repo"),
+        "MODELLESS_MAX_WORKERS": "{}",
+        "PYTHONPATH": str(root),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTED_PACKAGES.format(name=name)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    imported = set(json.loads(done.stdout.splitlines()[-1]))
+    assert "modelless" in imported
+    assert imported & NOT_IMPORTED[name] == set()

@@ -18,7 +18,7 @@ from typing import cast
 import numpy as np
 import pytest
 
-from modelless.dispatcher import Dispatcher
+from modelless.dispatch import Dispatcher
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS, LAMBDA_MB_PER_VCPU
 from modelless.pools.lambda_local import (
@@ -30,7 +30,7 @@ from modelless.pools.lambda_local import (
 from modelless.pools.processes import ChildProcess
 from modelless.selection import NO_LAMBDA_TIER, InfaasPolicy, LambdaTierState, queue_wait_ms
 from modelless.types import InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
-from tests.unit.test_selection import (
+from tests.unit.dispatch_kit import (
     LAMBDA,
     LAMBDA_OUT,
     WORKER_OUT,

@@ -170,7 +170,7 @@ def test_an_app_without_buckets_of_its_own_gets_the_deployments(
     store._offline_buckets.clear()
     with pytest.raises(ModellessError, match=r"allowed: none"):
         service.submit(spec())
-    service.settings = dataclasses.replace(service.settings, offline_buckets=(BUCKET,))
+    service.settings = service.settings.with_overrides(offline_buckets=(BUCKET,))
     assert service.submit(spec()).job_id
 
 
@@ -662,15 +662,15 @@ def test_the_offline_handler_runs_an_s3_started_job_once(
     monkeypatch.setenv("MODELLESS_METADATA_URL", "memory://")
     sys.modules.pop("functions.offline.app", None)
     offline = importlib.import_module("functions.offline.app")
-    store = offline.service.store
+    store = offline.offline.service.store
     store.create_app(APP, "hash")
     publish(store, [variant()])
     store.set_offline_buckets(APP, [BUCKET])
-    offline.service._objects = objects
+    offline.offline.service._objects = objects
     launcher = RecordingLauncher()
-    offline.service.launcher = launcher
+    offline.offline.service.launcher = launcher
     compute = FakeCompute(variant())
-    monkeypatch.setattr(offline.service, "compute", lambda: compute)
+    monkeypatch.setattr(offline.offline.service, "compute", lambda: compute)
     objects.put(BUCKET, "run.job.json", manifest())
     event = {
         "Records": [

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from modelless.load import LoadGroup
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
+from modelless.query_load import QueryGroup
 from modelless.scaling.controller import ScaleDownHold, Scaler, ScalerConfig
 from modelless.types import (
     InstanceState,
@@ -23,7 +23,7 @@ from modelless.types import (
 )
 
 APP = "app"
-GROUP = LoadGroup(APP, None, 0.9, 50.0)
+GROUP = QueryGroup(APP, None, 0.9, 50.0)
 
 
 class FakeProvider:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from infra.build.lambda_artifacts import load_template
-from infra.build.publish_worker import deploy_files
+from infra.build.publish_worker import WheelError, check_wheel, deploy_files
+from modelless import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 AWS_DIR = ROOT / "infra" / "aws"
@@ -144,7 +145,8 @@ def test_stopping_the_worker_drains_it() -> None:
 
 def test_the_boot_script_installs_what_is_published() -> None:
     boot = (AWS_DIR / "worker-boot.sh").read_text()
-    published = set(deploy_files(Path("modelless-0.1.0-py3-none-any.whl")))
+    files = deploy_files(Path(f"modelless-{__version__}-py3-none-any.whl"))
+    published = set(files)
     # The user data fetches the boot script where scripts/publish-worker puts it.
     for pool in POOLS:
         assert "s3://${ModelBucket}/deploy/worker-boot.sh" in user_data(pool)
@@ -156,3 +158,62 @@ def test_the_boot_script_installs_what_is_published() -> None:
     assert exec_start(LIFECYCLE_UNIT) == ["/opt/modelless/worker-lifecycle"]
     assert 'install -m 0755 "$HOME_DIR/deploy/worker-lifecycle.sh" "$HOME_DIR/worker-lifecycle"' in boot
     assert "HOME_DIR=/opt/modelless" in boot
+    # The wheel's worker extra, at the pins published beside it (the same file as .venv's).
+    assert files["deploy/constraints.txt"] == ROOT / "constraints.txt"
+    assert 'CONSTRAINTS="$HOME_DIR/deploy/constraints.txt"' in boot
+    assert '"$VENV/bin/pip" install --quiet --constraint "$CONSTRAINTS" "${wheels[@]/%/[worker]}"' in boot
+
+
+def test_the_worker_extra_names_what_the_worker_imports() -> None:
+    """pyproject.toml's worker extra, which the boot script installs: onnxruntime, the S3 model
+    repository (boto3), the Redis reports and the settings, besides the core (numpy, httpx)."""
+    import tomllib
+
+    from infra.build.lambda_package import canonical, requirement_name, requirements
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {canonical(requirement_name(r)[0]) for r in requirements(project, ["worker"])}
+    assert {"numpy", "httpx", "onnxruntime", "boto3", "redis", "aws-lambda-powertools"} <= names
+    assert {"pydantic", "pydantic-settings"} <= names
+    assert not names & {"fastapi", "scipy", "torch", "matplotlib", "uvicorn"}
+
+
+def test_every_dependency_pyproject_names_is_pinned_in_the_published_constraints() -> None:
+    """constraints.txt (published beside the wheel; also .venv's and the Lambda packages' pins)
+    pins every dependency of every extra to one exact version."""
+    import tomllib
+
+    from infra.build.lambda_package import canonical, read_pins, requirement_name, requirements
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = read_pins(ROOT / "constraints.txt")
+    every_extra = project["optional-dependencies"]
+    named = {canonical(requirement_name(r)[0]) for r in requirements(project, every_extra)}
+    assert named <= set(pins), f"not pinned: {sorted(named - set(pins))}"
+    assert pins["torch"] == "2.13.0"  # the local CPU wheel; any other spec pulls CUDA wheels
+
+
+@pytest.mark.parametrize(
+    "stray", ["bench/__init__.py", "sim/simulator.py", "infra/aws/worker-boot.sh", "sim.py"]
+)
+def test_a_wheel_with_bench_sim_or_infra_code_is_refused(tmp_path: Path, stray: str) -> None:
+    import zipfile
+
+    wheel = tmp_path / f"modelless-{__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("modelless/__init__.py", "")
+        archive.writestr("modelless/worker/server.py", "")
+        archive.writestr(f"modelless-{__version__}.dist-info/METADATA", "")
+        archive.writestr(stray, "")
+    with pytest.raises(WheelError, match=stray.replace(".", r"\.")):
+        check_wheel(wheel)
+
+
+def test_a_wheel_of_the_library_alone_passes(tmp_path: Path) -> None:
+    import zipfile
+
+    wheel = tmp_path / f"modelless-{__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("modelless/worker/server.py", "")
+        archive.writestr("modelless/simulation.py", "")  # only top-level names count
+    check_wheel(wheel)

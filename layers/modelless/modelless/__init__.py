@@ -4,4 +4,4 @@ Every function under ``functions/`` and every local process imports its domain f
 selection, stores, pools, registration and the HTTP API.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # stated here only: pyproject.toml reads it (dynamic = ["version"])

@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 
 from modelless.client import Client, ModellessClientError
+from modelless.config import get_client_settings
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def _state_dir() -> Path:
-    return Path(os.environ.get("MODELLESS_STATE_DIR", ".modelless"))
+    return get_client_settings().state_dir
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -50,13 +51,14 @@ def save_app_key(app_id: str, key: str) -> None:
 
 
 def load_app_key(app_id: str) -> str | None:
-    return os.environ.get("MODELLESS_API_KEY") or _read_json(_state_dir() / "credentials.json").get(app_id)
+    return get_client_settings().api_key or _read_json(_state_dir() / "credentials.json").get(app_id)
 
 
 def _client(args: argparse.Namespace) -> Client:
-    stack = _read_json(_state_dir() / "stack.json")
-    url = args.url or os.environ.get("MODELLESS_URL") or stack.get("url") or DEFAULT_URL
-    admin_key = os.environ.get("MODELLESS_ADMIN_KEY") or stack.get("admin_key")
+    settings = get_client_settings()
+    stack = _read_json(settings.state_dir / "stack.json")
+    url = args.url or settings.url or stack.get("url") or DEFAULT_URL
+    admin_key = settings.admin_key or stack.get("admin_key")
     api_key = args.api_key or (load_app_key(args.app) if getattr(args, "app", None) else None)
     return Client(url, api_key=api_key, admin_key=admin_key)
 

@@ -164,3 +164,9 @@ class S3AccessDeniedError(ForbiddenError):
 class OfflineInputError(Exception):
     """One offline input that cannot be used: recorded in the job's summary, the job goes on (not an
     API error: no request fails for it)."""
+
+
+class SettingsError(ValueError):
+    """A setting (``MODELLESS_*`` in the environment) whose value cannot be used: the message names
+    the variable, what it must be and what it was (``modelless.config``). Raised where settings
+    are read, before anything is served."""

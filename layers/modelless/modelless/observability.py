@@ -6,7 +6,7 @@ from __future__ import annotations
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
-from modelless.dispatcher import QueryResult
+from modelless.dispatch import QueryResult
 from modelless.types import Tier
 
 logger = Logger(service="gateway")

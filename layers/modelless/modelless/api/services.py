@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from modelless.config import Settings
-from modelless.dispatcher import Dispatcher
+from modelless.config import Settings, get_settings
+from modelless.dispatch import Dispatcher
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.offline.service import OfflineService
 from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
@@ -41,7 +41,7 @@ def build_services(
     extra_workers: Callable[[], list[WorkerState]] | None = None,
     pools: Mapping[str, PoolSpec] = DEFAULT_POOLS,
 ) -> Services:
-    settings = settings or Settings()
+    settings = settings or get_settings()
     store = store or open_metadata_store(settings.metadata_url)
     repository = open_repository(settings.repository_url)
     if lambda_tier is None and settings.lambda_function:
@@ -60,5 +60,5 @@ def build_services(
     )
     registrar = RegistrationService(store, repository, settings, pools, launcher)
     # Offline jobs see the workers as selection does (this dispatcher's recent loads included).
-    offline = OfflineService.from_settings(settings, store, pools, dispatcher.live_workers)
+    offline = OfflineService.from_settings(settings, store, pools, dispatcher.live_view.live_workers)
     return Services(settings, store, repository, dispatcher, registrar, pools, offline)

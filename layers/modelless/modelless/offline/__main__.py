@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from modelless.config import Settings
+from modelless.config import get_settings
 from modelless.metadata import open_metadata_store
 from modelless.offline.service import OfflineService
 from modelless.pools.catalog import DEFAULT_POOLS
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     args = parser.parse_args(argv)
 
-    settings = Settings()
+    settings = get_settings()
     store = open_metadata_store(settings.metadata_url)
     service = OfflineService.from_settings(settings, store, DEFAULT_POOLS)
     try:

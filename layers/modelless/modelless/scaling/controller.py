@@ -19,10 +19,10 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from modelless.load import LoadGroup
 from modelless.metadata.base import MetadataStore
 from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.pools.provider import PoolProvider
+from modelless.query_load import QueryGroup
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.problem import (
     ScalingGroup,
@@ -138,9 +138,9 @@ class Scaler:
     def build_problem(self, now: float) -> Snapshot:
         """The program for the load of the last window, with what it was built from."""
         load = self._store.recent_load(self._config.window_s, now)
-        groups: dict[str, tuple[LoadGroup, list[VariantProfile]]] = {}
+        groups: dict[str, tuple[QueryGroup, list[VariantProfile]]] = {}
         for key in load:
-            group = LoadGroup.parse(key)
+            group = QueryGroup.parse(key)
             candidates = self._store.candidate_variants(group.app_id, group.min_accuracy, group.model_name)
             groups[key] = (group, candidates)
 

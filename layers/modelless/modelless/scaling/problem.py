@@ -95,7 +95,8 @@ class ScalingPool:
 
 @dataclass(frozen=True)
 class ScalingGroup:
-    """Queries the same variants can serve: L[g] and its latency budget (see modelless.load)."""
+    """Queries the same variants can serve: L[g] and its latency budget (see
+    modelless.query_load)."""
 
     id: str
     load_qps: float

@@ -17,6 +17,13 @@ from pathlib import Path
 # ``python -m`` this package runs the worker (``__main__``).
 MODULE = __name__
 
+# How long after a drain that reserved its slot a query for the drained variant is refused instead
+# of loading it again on demand: longer than a gateway may route from an old view (its live-state
+# snapshot, 0.2 s, over a report up to a second old, or a load of its own it counts as Active for
+# RECENT_LOAD_S, 3 s).
+DRAINED_REFUSAL_S = 5.0
+# (Here, not in server.py, so that the simulator can model it without importing onnxruntime.)
+
 
 @dataclass(frozen=True)
 class WorkerLaunch:

@@ -47,6 +47,7 @@ from modelless.pools.reporting import make_state_sink
 from modelless.repository import open_repository
 from modelless.runtime import LoadedVariant, VariantRuntime, decode_array, encode_array
 from modelless.types import VariantProfile
+from modelless.worker import DRAINED_REFUSAL_S
 from modelless.worker.http import announce_ready, make_server, stop_gracefully_on_sigterm
 
 logger = Logger(service="modelless-worker")
@@ -55,11 +56,6 @@ REPORT_PERIOD_S = 1.0
 LISTEN_BACKLOG = 1024  # pending connections the kernel holds for us (the OS caps it at somaxconn)
 # A query that names no budget (no latency target) is still batched, within this much.
 DEFAULT_DEADLINE_MS = 1000.0
-# How long after a drain that reserved its slot a query for the drained variant is refused instead
-# of loading it again on demand: longer than a gateway may route from an old view (its live-state
-# snapshot, 0.2 s, over a report up to a second old, or a load of its own it counts as Active for
-# RECENT_LOAD_S, 3 s).
-DRAINED_REFUSAL_S = 5.0
 # The longest ``POST /unload`` waits for a drain to finish before it answers ``draining``.
 MAX_DRAIN_WAIT_S = 10.0
 

@@ -21,7 +21,7 @@ def health() -> dict[str, str]:
 
 @router.get("/v1/workers")
 def workers(services: ServicesDep, _: CallerAppDep) -> dict[str, Any]:
-    return {"workers": [asdict(w) for w in services.dispatcher.live_workers()]}
+    return {"workers": [asdict(w) for w in services.dispatcher.live_view.live_workers()]}
 
 
 @router.post(INTERNAL_STATE_PATH, status_code=204, include_in_schema=False)

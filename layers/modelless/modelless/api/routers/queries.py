@@ -32,7 +32,7 @@ def answer_query(services: Services, body: OnlineQuery, key: str | None, correla
         raise InvalidInputError("give either modelName, or a latency and/or accuracy target")
     if body.modelName is not None:
         check_name("modelName", body.modelName)
-    contract = services.dispatcher.input_contract(body.appID, body.modelName)
+    contract = services.dispatcher.profiles.input_contract(body.appID, body.modelName)
     inputs = query_inputs(body.inputs, contract, services.settings.max_batch)
     targets = QueryTargets(
         app_id=body.appID,

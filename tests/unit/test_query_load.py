@@ -1,10 +1,10 @@
-"""Query groups and the gateway's load counting (pure, on explicit clocks)."""
+"""Query groups and the gateway's query-load counting (pure, on explicit clocks)."""
 
 from __future__ import annotations
 
 import pytest
 
-from modelless.load import LATENCY_CLASSES_MS, LoadGroup, LoadRecorder, group_of
+from modelless.query_load import LATENCY_CLASSES_MS, QueryGroup, QueryLoadCounter, group_of
 from modelless.types import QueryTargets
 
 
@@ -38,22 +38,22 @@ def test_group_keys_round_trip_and_separate_named_models() -> None:
     named = group_of(QueryTargets("app", latency_ms=20, model_name="m"))
     anonymous = group_of(QueryTargets("app", latency_ms=20))
     assert named.key != anonymous.key
-    assert LoadGroup.parse(named.key) == named
-    assert LoadGroup.parse(anonymous.key) == anonymous
+    assert QueryGroup.parse(named.key) == named
+    assert QueryGroup.parse(anonymous.key) == anonymous
     fractional = group_of(QueryTargets("app", latency_ms=1.9, min_accuracy=0.9))
     assert fractional.key == "app|*|0.90|1.5"
-    assert LoadGroup.parse(fractional.key) == fractional
+    assert QueryGroup.parse(fractional.key) == fractional
 
 
-def test_the_recorder_hands_counts_over_once_a_second_and_starts_again() -> None:
-    recorder = LoadRecorder()
+def test_the_counter_hands_counts_over_once_a_second_and_starts_again() -> None:
+    counter = QueryLoadCounter()
     group = group_of(QueryTargets("app", latency_ms=20, min_accuracy=0.9))
-    assert recorder.due(1000.0)
+    assert counter.due(1000.0)
     for _ in range(5):
-        recorder.record(group)
-    assert recorder.take(1000.0) == {group.key: 5}
-    recorder.record(group)
-    assert not recorder.due(1000.5)
-    assert recorder.due(1001.0)
-    assert recorder.take(1001.0) == {group.key: 1}
-    assert recorder.take(1002.0) == {}
+        counter.record(group)
+    assert counter.take(1000.0) == {group.key: 5}
+    counter.record(group)
+    assert not counter.due(1000.5)
+    assert counter.due(1001.0)
+    assert counter.take(1001.0) == {group.key: 1}
+    assert counter.take(1002.0) == {}

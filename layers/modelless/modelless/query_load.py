@@ -7,6 +7,9 @@ serves a group serves every query in it.
 
 The gateway counts queries per group in memory and hands the counts to the metadata store about
 once a second, off the per-query path; the scaler reads the recent rate of every group.
+
+"Query load" (traffic: queries per group per second) is never a variant's load (a model loaded
+onto a worker): in this package "load" alone means the latter.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from modelless.types import QueryTargets
 
 # Steps of 1.33-1.67x up to 1 s: a budget there loses at most 40 % to its class (with 1-2-5 steps
 # up to half: an 8 ms budget was planned as 5 ms, under a 7 ms model that meets it). Coarser
-# above 1 s, where a variant that misses its class by that much is rare. More classes split a
-# load into more groups: more rows in the scaler's program, not more instances (one instance
-# serves several groups by time sharing).
+# above 1 s, where a variant that misses its class by that much is rare. More classes split the
+# query load into more groups: more rows in the scaler's program, not more instances (one
+# instance serves several groups by time sharing).
 LATENCY_CLASSES_MS = (
     1.0, 1.5, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 70.0,
     100.0, 150.0, 200.0, 300.0, 500.0, 700.0, 1000.0, 2000.0, 5000.0,
@@ -31,7 +34,7 @@ FLUSH_EVERY_S = 1.0
 
 
 @dataclass(frozen=True)
-class LoadGroup:
+class QueryGroup:
     app_id: str
     model_name: str | None
     min_accuracy: float
@@ -42,19 +45,19 @@ class LoadGroup:
         return f"{self.app_id}|{self.model_name or '*'}|{self.min_accuracy:.2f}|{self.latency_ms:g}"
 
     @classmethod
-    def parse(cls, key: str) -> LoadGroup:
+    def parse(cls, key: str) -> QueryGroup:
         app_id, model, accuracy, latency = key.split("|")
         return cls(app_id, None if model == "*" else model, float(accuracy), float(latency))
 
 
-def group_of(targets: QueryTargets) -> LoadGroup:
+def group_of(targets: QueryTargets) -> QueryGroup:
     accuracy = math.ceil(round(targets.min_accuracy * 100, 6)) / 100
     budget = targets.latency_ms if targets.latency_ms is not None else LATENCY_CLASSES_MS[-1]
     latency = max((c for c in LATENCY_CLASSES_MS if c <= budget), default=budget)
-    return LoadGroup(targets.app_id, targets.model_name, min(1.0, accuracy), latency)
+    return QueryGroup(targets.app_id, targets.model_name, min(1.0, accuracy), latency)
 
 
-class LoadRecorder:
+class QueryLoadCounter:
     """Counts queries per group; ``due`` says when the counts should go to the store."""
 
     def __init__(self) -> None:
@@ -62,7 +65,7 @@ class LoadRecorder:
         self._lock = threading.Lock()
         self._last_flush = 0.0
 
-    def record(self, group: LoadGroup) -> None:
+    def record(self, group: QueryGroup) -> None:
         with self._lock:
             self._counts[group.key] += 1
 

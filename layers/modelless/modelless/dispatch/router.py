@@ -1,0 +1,226 @@
+"""The Dispatcher: getVariant, then the worker or the Lambda tier, with per-stage timings.
+
+One query: ``select`` asks the policy (``modelless.selection``, a pure function) for a decision
+over the candidates of the profile cache (``profiles``) and the workers of the live view
+(``live_view``); the query is counted for its group (``query_load``); the attempt loop
+(``attempts``) runs it there, and elsewhere when that place fails. A miss that only a variant's
+load stood in the way of starts that load (a warm-up) so that the next such query is served.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+from aws_lambda_powertools import Logger
+
+from modelless.dispatch.attempts import MAX_INVOKE_TIMEOUT_S, Attempts
+from modelless.dispatch.live_view import LIVE_STATE_TTL_S, LiveView
+from modelless.dispatch.profiles import ProfileCache
+from modelless.exceptions import NotFoundError, NotReadyError, TargetsUnreachableError
+from modelless.metadata.base import MetadataStore
+from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
+from modelless.query_load import QueryLoadCounter, group_of
+from modelless.runtime import decode_array, invocation_payload
+from modelless.selection import (
+    NO_LAMBDA_TIER,
+    Candidates,
+    LambdaTierState,
+    SelectionPolicy,
+    unreachable_error,
+)
+from modelless.types import Decision, QueryTargets, Tier, WorkerState
+
+logger = Logger(service="gateway", child=True)
+
+
+@dataclass
+class QueryResult:
+    outputs: np.ndarray
+    decision: Decision
+    tier: Tier
+    worker_id: str | None
+    timings_ms: dict[str, float]
+    cold_start: bool
+    retried: bool
+    query_id: str
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        store: MetadataStore,
+        policy: SelectionPolicy,
+        workers: WorkerInvoker,
+        lambda_tier: LambdaInvoker | None,
+        cache_ttl_s: float = 60.0,
+        extra_workers: Callable[[], list[WorkerState]] | None = None,
+        live_state_ttl_s: float = LIVE_STATE_TTL_S,
+        lambda_state: Callable[[], LambdaTierState] | None = None,
+    ) -> None:
+        """``lambda_state``: the Lambda tier's idle containers and expected cold start, read on
+        every decision; by default the tier's own ``tier_state`` where it has one (the local
+        tier). Without it (AWS: nothing tells which containers are warm) the tier is taken as
+        warm, which provisioned concurrency makes true. ``extra_workers``: state not kept in the
+        store, e.g. the local Lambda tier's warm containers."""
+        self._store = store
+        self._policy = policy
+        self._has_lambda_tier = lambda_tier is not None
+        if lambda_state is None:
+            lambda_state = getattr(lambda_tier, "tier_state", None)
+        self._lambda_state = lambda_state
+        self.profiles = ProfileCache(store, cache_ttl_s)
+        self.live_view = LiveView(store, live_state_ttl_s, extra_workers)
+        self.attempts = Attempts(workers, lambda_tier, self.live_view, self._redecide)
+        self._query_load = QueryLoadCounter()
+        self._warming: set[str] = set()
+        self._background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="warmup")
+
+    def clear_caches(self) -> None:
+        """Forget every cached read: the next decision is a new gateway's first (cold) one."""
+        self.live_view.forget_snapshots()
+        self.profiles.clear()
+
+    def select(self, targets: QueryTargets) -> Decision:
+        refresh = False
+        while True:
+            version, workers, fresh = self.live_view.view(targets.app_id, refresh)
+            candidates = self.profiles.candidates(targets, version)
+            if candidates:
+                try:
+                    return self._get_variant(targets, candidates, workers)
+                except TargetsUnreachableError:
+                    pass
+            if fresh:
+                break
+            # A miss from a snapshot: decide again on what the store says now (a model published
+            # or a worker started since the snapshot must not be refused or missed).
+            refresh = True
+        if not candidates:
+            self._explain_no_candidates(targets)
+        # The candidates met the accuracy but not the latency: name the closest of them all.
+        everything = self._store.list_variants(targets.app_id, targets.model_name)
+        error = unreachable_error(targets, everything)
+        warm = self._policy.warmup(targets, candidates, workers)
+        if warm is not None:
+            # Only the load time was in the way: load it now so the next such query is served.
+            self._start_warmup(warm)
+            error.details["warming"] = {
+                "variant": warm.variant.variant_id,
+                "tier": warm.tier.value,
+                "worker": warm.worker_id,
+                "retry_after_ms": round(warm.variant.load_latency_ms, 1),
+            }
+            error.message += f"; {warm.variant.variant_id} meets them once loaded and is being loaded now"
+        raise error
+
+    def _redecide(self, targets: QueryTargets, leave_out: set[str]) -> Decision:
+        """A retry's decision (``attempts.Redecide``): on a fresh read of the live state, without
+        the workers in ``leave_out``. ``targets`` carry what is left of the budget; the candidates
+        are the query's own (a list is cut by app, model and accuracy only)."""
+        version, workers, _ = self.live_view.view(targets.app_id, refresh=True)
+        workers = [w for w in workers if w.worker_id not in leave_out]
+        return self._get_variant(targets, self.profiles.candidates(targets, version), workers)
+
+    def _get_variant(
+        self, targets: QueryTargets, candidates: Candidates, workers: Sequence[WorkerState]
+    ) -> Decision:
+        """The policy's decision, with the Lambda tier's containers when it can see them, and
+        without a Lambda tier to spill to when there is none (``NO_LAMBDA_TIER``)."""
+        if self._lambda_state is not None:
+            return self._policy.get_variant(targets, candidates, workers, lambda_tier=self._lambda_state())
+        if not self._has_lambda_tier:
+            return self._policy.get_variant(targets, candidates, workers, lambda_tier=NO_LAMBDA_TIER)
+        return self._policy.get_variant(targets, candidates, workers)
+
+    def _start_warmup(self, decision: Decision) -> None:
+        variant = decision.variant
+        if variant.variant_id in self._warming:
+            return
+        self._warming.add(variant.variant_id)
+        contract = self.profiles.input_contract(variant.app_id, variant.model_name)
+        zeros = np.zeros((1, *contract.input_shape), dtype=np.float32)
+        payload = invocation_payload(variant, zeros, f"warmup-{uuid.uuid4().hex}")
+
+        def load() -> None:
+            try:
+                self.attempts.run(decision, payload, MAX_INVOKE_TIMEOUT_S)
+            except Exception:
+                logger.exception("warm-up failed", extra={"variant": variant.variant_id})
+            finally:
+                self._warming.discard(variant.variant_id)
+
+        self._background.submit(load)
+
+    def _explain_no_candidates(self, targets: QueryTargets) -> None:
+        """Off the hot path: say why nothing qualified (unknown model, not ready, too accurate)."""
+        if targets.model_name is not None:
+            model = self._store.get_model(targets.app_id, targets.model_name)
+            if model is None:
+                raise NotFoundError(
+                    f"model {targets.model_name!r} is not registered in app {targets.app_id!r}",
+                    model=targets.model_name,
+                )
+            if not model.ready:
+                raise NotReadyError(
+                    f"model {targets.model_name!r} is still being profiled",
+                    registration=model.registration_id,
+                )
+        everything = self._store.list_variants(targets.app_id, targets.model_name)
+        if not everything:
+            if not self._store.list_models(targets.app_id):
+                raise NotFoundError(f"app {targets.app_id!r} has no registered models", app=targets.app_id)
+            raise NotReadyError(f"the models of app {targets.app_id!r} are still being profiled")
+        raise unreachable_error(targets, everything)
+
+    def online_query(
+        self, targets: QueryTargets, inputs: np.ndarray, correlation_id: str = ""
+    ) -> QueryResult:
+        query_id = correlation_id or uuid.uuid4().hex
+        started = time.perf_counter()
+        decision = self.select(targets)
+        selected = time.perf_counter()
+        self._count_query(targets)
+        body, served = self.attempts.serve(targets, inputs, query_id, decision, started)
+        finished = time.perf_counter()
+        total_ms = (finished - started) * 1000
+        compute_ms = (
+            float(body["queue_ms"])
+            + float(body["inference_ms"])
+            + float(body["load_ms"])
+            + float(body.get("init_ms", 0.0))
+        )
+        timings = {
+            "selection_ms": (selected - started) * 1000,
+            "queue_ms": float(body["queue_ms"]),
+            "load_ms": float(body["load_ms"]),
+            "cold_start_ms": float(body.get("init_ms", 0.0)),
+            "inference_ms": float(body["inference_ms"]),
+            "transport_ms": max(0.0, (finished - selected) * 1000 - compute_ms),
+            "total_ms": total_ms,
+        }
+        return QueryResult(
+            outputs=decode_array(body["outputs_npy_b64"]),
+            decision=served,
+            tier=served.tier,
+            worker_id=served.worker_id if served.tier is Tier.WORKER else None,
+            timings_ms={k: round(v, 3) for k, v in timings.items()},
+            cold_start=bool(body.get("cold_start", False)),
+            retried=served is not decision,
+            query_id=query_id,
+        )
+
+    def _count_query(self, targets: QueryTargets) -> None:
+        """Count the query for its group's query load; about once a second, hand the counts to
+        the store (one write per gateway per second, whatever the query rate)."""
+        self._query_load.record(group_of(targets))
+        now = time.time()
+        if self._query_load.due(now):
+            try:
+                self._store.add_load(self._query_load.take(now), int(now))
+            except Exception:  # query-load accounting must never fail a query
+                logger.exception("could not record query load")
