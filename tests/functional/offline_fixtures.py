@@ -205,6 +205,5 @@ def offline_function(
     try:
         yield offline
     finally:
-        offline.offline.service.close()
-        offline.offline.store.close()
+        offline.offline.close()
         sys.modules.pop("functions.offline.app", None)

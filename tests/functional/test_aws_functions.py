@@ -560,8 +560,7 @@ def offline(
     try:
         yield OfflineDeployment(function, lambdas, buckets)
     finally:
-        function.offline.service.close()
-        function.offline.store.close()
+        function.offline.close()
 
 
 def manifest_created(buckets: Buckets, key: str, manifest: dict[str, Any]) -> dict[str, Any]:

@@ -82,12 +82,11 @@ class LiveView:
         store."""
         now = time.monotonic()
         state = self._snapshots.get(app_id)
-        if refresh or state is None or now - state.read_at >= self._ttl_s:
+        fresh = refresh or state is None or now - state.read_at >= self._ttl_s
+        if fresh or state is None:
             version, reported = self._store.selection_state(app_id)
-            state = _Snapshot(now, version, reported)
-            self._snapshots[app_id] = state
-            return state.version, self._overlay(state.workers), True
-        return state.version, self._overlay(state.workers), False
+            state = self._snapshots[app_id] = _Snapshot(now, version, reported)
+        return state.version, self._overlay(state.workers), fresh
 
     def forget_snapshots(self) -> None:
         """Read the live state afresh on the next decision."""
