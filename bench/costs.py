@@ -9,10 +9,12 @@ Writes ``<out>/costs.md`` (its section of docs/BENCHMARKS.md), ``costs.json`` (e
 PNG plots beside them: per workload, load, cost and SLO violations over time (INFaaS Figure 6),
 and the cost ratios to each baseline.
 
-The zoo (``bench.sim_profiles``): the demo zoo's five light models and a heavy ResNet-style
-model (``infra.zoo.digits_resnet``), registered in-process; their CPU and Lambda profiles are those the
-project's profiler measured here (cached under ``.modelless/sim``); their GPU and Inferentia
-profiles are derived from them (not measured here: no such device) and marked so. Workloads:
+The zoo (``bench.sim_profiles``): the real zoo (``bench.real_zoo``: timm image models at
+3x224x224 and a BERT-style text model), registered in-process; their CPU and Lambda profiles are
+those the project's profiler measured here (cached under ``.modelless/bench/real-zoo``); their GPU
+and Inferentia profiles are derived from them (not measured here: no such device is lent to the
+benchmarks) and marked so. The heavy model of the patterns is the zoo's slowest (ResNet-50).
+``--quick`` uses two models only (``bench.real_zoo.QUICK_MODELS``). Workloads:
 INFaaS §6.2's flat (4 QPS), steady (650->700 QPS) and fluctuating (4<->80 QPS) patterns on the
 heavy model alone, and (§6.1) the Azure LLM arrival trace scaled to a mean of 10, 100 and 1,000
 QPS with Zipf popularity over the whole zoo (``sim.traces``). Systems: the project (its
@@ -37,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.real_zoo import DERIVATION_RULE, fmt_ms, manifest_value
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, span, today, write_fragment
 from bench.sim_profiles import (
     COLD_FLOOR_MS,
     COLD_SLO_FACTOR,
-    HEAVY,
-    NAMED,
+    PATTERN_SLO_FACTOR,
     POPULAR,
     POPULAR_SLO_MS,
     Zoo,
@@ -138,6 +140,13 @@ TRACE_BIN_S = 10.0  # the trace's shape: its arrival rate per 10 s
 # Targets of the issue (INFaaS: 21.6x at flat low load).
 FLAT_TARGET_RATIO = 20.0
 PRICE_NAMES = (("CPU", "cpu"), ("Inferentia", "neuron"), ("GPU", "cuda"))
+# Under every table whose figures involve GPU or Inferentia variants (their latencies, hence
+# their instance counts and costs).
+DERIVED_NOTE = (
+    "*GPU and Inferentia profiles in these runs (the GPU baselines', and the project's where it used "
+    "them): derived, not measured — from each model's measured one-thread FP32 CPU profile by INFaaS "
+    'Table 2\'s ResNet-50 ratios (see "The zoo" above).*'
+)
 BILLS = (("cost", "INFaaS's per-instance bill"), ("aws_cost", "AWS's bill"))
 
 
@@ -156,6 +165,8 @@ class Setup:
     cpu_variant: dict[str, VariantProfile]  # model -> the developer's CPU variant (baselines)
     gpu_variant: dict[str, VariantProfile]
     lambda_init_ms: float
+    heavy: str  # the model the patterns serve alone (the zoo's slowest on a CPU)
+    named: tuple[str, ...]  # architectures whose queries name their model
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,8 @@ def make_setup(zoo: Zoo, lambda_init_ms: float) -> Setup:
         cpu_variant={m: developer_cpu_variant(v) for m, v in by_model.items()},
         gpu_variant={m: developer_gpu_variant(v) for m, v in by_model.items()},
         lambda_init_ms=lambda_init_ms,
+        heavy=zoo.heavy,
+        named=zoo.named,
     )
 
 
@@ -428,11 +441,17 @@ def run_validation(
         compare,
         run_live,
         simulate_schedule,
+        validation_rate_qps,
         validation_schedule,
     )
 
-    phases = Phases(duration_s=20.0, calibration_s=10.0, warmup_s=5.0) if quick else Phases()
     mix = Mix.zipf(architectures(zoo))  # the trace workloads' mix
+    rate = validation_rate_qps(zoo, mix)
+    phases = (
+        Phases(rate, duration_s=20.0, calibration_qps=rate, calibration_s=10.0, warmup_s=5.0)
+        if quick
+        else Phases(rate, calibration_qps=rate)
+    )
     schedule = validation_schedule(mix, phases, seed=1)
     started = time.perf_counter()
     live = run_live(zoo, mix, schedule, phases, state_dir)
@@ -462,7 +481,7 @@ def run(args: argparse.Namespace) -> Outcome:
     from bench.sim_validation import measure_lambda_cold_starts
 
     began = time.perf_counter()
-    zoo = measured_zoo(args.state_dir)
+    zoo = measured_zoo(args.state_dir, quick=args.quick, only=args.only)
     validation = None
     if args.no_validation:
         cold = measure_lambda_cold_starts(zoo, args.state_dir)
@@ -611,15 +630,16 @@ def regime(outcome: Outcome) -> str:
     """The heavy model's numbers that make INFaaS's regime (or not): computed, not said."""
     setup = outcome.setup
     heavy = setup.pattern_mix.architectures[0]
-    cpu, gpu = setup.cpu_variant[HEAVY], setup.gpu_variant[HEAVY]
+    name = setup.heavy
+    cpu, gpu = setup.cpu_variant[name], setup.gpu_variant[name]
     accel = min(
-        (p for p in setup.profiles if p.model_name == HEAVY and p.pool == "accel"), key=lambda p: p.variant_id
+        (p for p in setup.profiles if p.model_name == name and p.pool == "accel"), key=lambda p: p.variant_id
     )
     lam = min(
         (
             p
             for p in setup.profiles
-            if p.model_name == HEAVY and p.pool == "lambda-cpu" and p.accuracy >= heavy.targets.min_accuracy
+            if p.model_name == name and p.pool == "lambda-cpu" and p.accuracy >= heavy.targets.min_accuracy
         ),
         key=lambda p: (p.latency_p50_ms[1], p.variant_id),
     )
@@ -630,9 +650,10 @@ def regime(outcome: Outcome) -> str:
     memory = instance_memory_gb(cpu, setup.pools["cpu"])
     price = {device: PRICE_PER_GB_SECOND[device] * memory for device in ("cpu", "neuron", "cuda")}
     per_query = lambda_query_units(lam)
-    return f"""**The regime.** {HEAVY}'s developer CPU variant ({cpu.variant_id.split("/", 2)[2]})
-answers in {cpu.median_ms(1):.2f} ms (p50; p99 {cpu.latency_ms(1):.2f} ms) at batch 1 and gains nothing from
-larger batches ({cpu.median_ms(8) / 8:.2f} ms per row at batch 8). Within the patterns' {slo:.2f} ms target
+    return f"""**The regime.** {name}'s developer CPU variant ({cpu.variant_id.split("/", 2)[2]})
+answers in {fmt_ms(cpu.median_ms(1))} ms (p50; p99 {fmt_ms(cpu.latency_ms(1))} ms) at batch 1, and
+{fmt_ms(cpu.median_ms(cpu.max_batch) / cpu.max_batch)} ms per row at batch {cpu.max_batch} (its largest
+profiled batch). Within the patterns' {slo:g} ms target
 ({slo / cpu.median_ms(1):.1f}x its median, as Table 3's 300 ms for a 200 ms variant), one instance takes
 {one_cpu:.0f} QPS (the scaler's own rule, `saturation_for_budget`): Clipper+ CPU's {CLIPPER_CPU_INSTANCES}
 instances {CLIPPER_CPU_INSTANCES * one_cpu:.0f} QPS, against loads of 4, 80 and 650-700 QPS (INFaaS's
@@ -815,7 +836,8 @@ def headlines(outcome: Outcome) -> list[str]:
     flat = ratios(outcome, "flat", "clipper+-gpu")
     if flat:
         lines.append(
-            "Cost (simulated, INFaaS per-instance GB·s billing, heavy ResNet-style model): at flat 4 QPS "
+            f"Cost (simulated, INFaaS per-instance GB·s billing, {outcome.setup.heavy} on measured CPU and "
+            "derived accelerator profiles): at flat 4 QPS "
             f"the project is {span(flat, 1)}x cheaper than static GPU serving (target >= "
             f"{FLAT_TARGET_RATIO:g}x, INFaaS 21.6x); "
             f"{span(ratios(outcome, 'flat', 'clipper+-gpu', 'aws_cost'), 1)}x on AWS's bill"
@@ -934,6 +956,8 @@ def command_line(args: argparse.Namespace) -> str:
         extra.append(f"--repeats {args.repeats}")
     if args.no_validation:
         extra.append("--no-validation")
+    if args.only:
+        extra.append(f"--only {' '.join(args.only)}")
     return " ".join(["scripts/bench costs", *extra])
 
 
@@ -1034,27 +1058,34 @@ def profiles_table(outcome: Outcome) -> str:
 
 
 def sources_table(outcome: Outcome) -> str:
-    rows = [
-        [
-            source.name,
-            f"{source.built.get('params', 0):,}",
-            source.built.get("training", "trained (infra.zoo.digits)"),
-            f"{source.built['val_accuracy']:.4f} / {source.built['test_accuracy']:.4f}",
-            source.runs,
-            "/".join(map(str, source.threads)),
-            f"{source.registration_s:.0f} s",
-            source.measured_at,
-        ]
-        for source in outcome.zoo.sources
-    ]
+    def number(value: Any, spec: str) -> str:
+        return format(value, spec) if isinstance(value, int | float) else "—"
+
+    rows = []
+    for model in outcome.zoo.models:
+        manifest = model.manifest
+        profile_runs = [p.profile_runs for p in model.measured() if p.profile_runs]
+        rows.append(
+            [
+                model.name,
+                model.app,
+                number(manifest_value(manifest, "parameters", "params", "param_count"), ","),
+                str(manifest_value(manifest, "source", "architecture") or "—"),
+                f"{number(manifest_value(manifest, 'val_accuracy', 'torch_val_accuracy'), '.3f')} / "
+                f"{number(manifest_value(manifest, 'test_accuracy', 'torch_test_accuracy'), '.3f')}",
+                span(profile_runs, 0) if profile_runs else "—",
+                f"{model.all_profiled_s:.0f} s",
+                model.measured_at,
+            ]
+        )
     return markdown_table(
         [
             "model",
+            "app",
             "parameters",
-            "training",
-            "accuracy val / test (onnxruntime, at build)",
-            "profile runs",
-            "threads",
+            "source",
+            "accuracy val / test (torch, at build)",
+            "timed runs per profile",
             "registration",
             "measured",
         ],
@@ -1193,7 +1224,8 @@ def markdown(outcome: Outcome, args: argparse.Namespace, ran_on: str, command: s
             f"### {workload.title}\n\nReplayed: {workload.replayed}; seeds "
             f"{', '.join(map(str, workload.seeds))} (the AWS-priced project and the greedy: seed "
             f"{workload.seeds[0]}); every system up to {caps} worker(s).\n\n"
-            f"{workload_table(outcome, workload)}\n\n{violation_causes(outcome, workload)}\n\n"
+            f"{workload_table(outcome, workload)}\n\n{DERIVED_NOTE}\n\n"
+            f"{violation_causes(outcome, workload)}\n\n"
             f"![{workload.key}: load, cost and SLO violations over time](costs_{workload.key}.png)\n"
         )
     cold = statistics.median(outcome.lambda_init_ms)
@@ -1215,12 +1247,11 @@ def markdown(outcome: Outcome, args: argparse.Namespace, ran_on: str, command: s
     return f"""## Trace-driven cost and SLO (simulated; INFaaS §6.1-6.2)
 
 Machine: `{ran_on}`. Reproduce every number and figure: `{command}`
-(`python -m bench.costs --help`; `--quick` for a smoke run; `--rerender` writes this page
-and its plots again from `costs.json`). This run took {outcome.wall_s / 60:.1f} min with the zoo's
-profiles cached (`.modelless/sim/`); on a fresh clone profiling them adds {zoo.registration_s:.0f} s
-(the registrations, measured), building the heavy model {_build_s(zoo, "build_seconds"):.0f} s, and
-training the demo zoo, where no earlier part of `scripts/bench all` has,
-{_build_s(zoo, "train_seconds"):.0f} s.
+(`python -m bench.costs --help`; `--quick` for a smoke run on two models; `--rerender` writes this
+page and its plots again from `costs.json`). This run took {outcome.wall_s / 60:.1f} min with the
+zoo registered and cached (`.modelless/bench/real-zoo/`, made by `scripts/bench real-zoo`); on a
+fresh clone the registrations add {zoo.registration_s:.0f} s (measured) and building the zoo
+{_build_s(zoo):.0f} s.
 Noise: every figure is the min-max over the seeds listed with it (Poisson arrivals and service
 times drawn afresh per seed); one value where one seed is listed. No test asserts any of these
 numbers.
@@ -1248,43 +1279,39 @@ elsewhere, a warm-up runs once at a time per variant, and scale-in picks workers
 latency is what its budget covers: queue, load or cold start when it waits for one, and
 inference; a refused or unanswered query is a violation.
 
-**The zoo.** Six architectures registered in-process under one app by the project's
-`RegistrationService` (every variant built, profiled in its own process and pruned), cached in
-`.modelless/sim/` per model so that later runs use the same measurements: the demo zoo's five
-light models, and `{HEAVY}` (`infra/zoo/digits_resnet.py`), a ResNet-style CNN on the same 8x8 input
-(upsampled to 32x32 inside the graph, two stages of two residual blocks): its convolutional
-trunk keeps its seeded random initialisation and only its linear head is trained (L-BFGS on the
-trunk's features of the training split), so it is built in seconds; its accuracy is measured
-like every model's. It was profiled with fewer runs per batch size and at one thread only (see
-the table): profiling it as the light models are would take most of this benchmark's budget.
+**The zoo.** The real zoo ([ZOO.md](../ZOO.md)): {len(zoo.models)} architectures at their native input
+size, registered in-process by the project's `RegistrationService` (every variant built, profiled
+in its own process and pruned, one registration at a time), cached in `.modelless/bench/real-zoo/`
+per model so that later runs use the same measurements (`scripts/bench real-zoo` reports those
+registrations). The image models' weights are random with re-estimated BatchNorm statistics and a
+fitted linear head, the text model is trained briefly: their accuracies are real measurements on
+held-out data, not ImageNet figures.
 
 {sources_table(outcome)}
 
-GPU and Inferentia profiles cannot be measured on this machine: they are derived from each
-model's measured 1-thread CPU profile by INFaaS Table 2's ResNet50 ratios (GPU batch-1 latency =
-CPU / 50, a batch of b costing 0.75 + 0.25·b batch-1 calls; Inferentia = CPU / 10 per batch
-size; neither faster than 0.1 ms per call; load = the CPU load + 1 s; the CPU profile's memory),
+No GPU or Inferentia device is lent to this benchmark: their profiles are **{DERIVATION_RULE}**,
 imported through the project's import path and marked `imported`, with "not measured here" in
-their `hardware`:
+their `hardware`. Every figure below that involves a GPU or Inferentia variant rests on them:
 
 {profiles_table(outcome)}
 
 {regime(outcome)}
 
-**Queries and targets.** INFaaS §6.2's patterns serve ResNet50 alone: here `{HEAVY}` alone, its
-queries naming it with accuracy ≥ {heavy.targets.min_accuracy:.2f} and a {heavy.slo_ms:.2f} ms target.
-The trace workloads follow §6.1: Zipf popularity over the zoo (exponent 1, after [53]); the
-{POPULAR} most popular architectures get {POPULAR_SLO_MS:g} ms, the others ("cold") {COLD_SLO_FACTOR:g}x the
-profiled latency (p99, batch 1) of their fastest CPU variant that meets their accuracy, but at
-least {COLD_FLOOR_MS:g} ms: {COLD_SLO_FACTOR:g}x gives {_cold_raw(outcome)} ms for the light models, below the
-serving path's own hand-off and jitter (measured below), which INFaaS's rule could neglect for
-ImageNet models and the simulator does not model; with a 1 ms floor the embedded stack met only
-about 80 % of the validation load's targets on this machine (one live run, not repeated), and
-{COLD_FLOOR_MS:g} ms is the project's next latency class. Every query asks for its architecture's
+**Queries and targets.** INFaaS §6.2's patterns serve ResNet-50 alone: here `{setup.heavy}` (the zoo's
+slowest architecture on a CPU) alone, its queries naming it with accuracy ≥
+{heavy.targets.min_accuracy:.2f} and a {heavy.slo_ms:g} ms target: the latency class at or above
+{PATTERN_SLO_FACTOR:g}x its developer CPU variant's batch-1 p99 (INFaaS Table 3: 300 ms for a 200 ms
+ResNet-50 CPU variant). The trace workloads follow §6.1: Zipf popularity over the zoo (exponent 1,
+after [53]), the slowest architectures the most popular; the {POPULAR} most popular get
+{POPULAR_SLO_MS:g} ms, the others ("cold") {COLD_SLO_FACTOR:g}x the profiled latency (p99, batch 1) of their
+fastest CPU variant that meets their accuracy ({_cold_raw(outcome)} ms here), but at least
+{COLD_FLOOR_MS:g} ms, below which the serving path's own hand-off and jitter (a few ms through the
+Python HTTP stack, `scripts/bench serving`) would decide. Every query asks for its architecture's
 developer variant's accuracy rounded down to the hundredth;
-`{", ".join(NAMED)}`'s queries name their model (INFaaS's implementation queries a model
+`{", ".join(setup.named)}`'s queries name their model (INFaaS's implementation queries a model
 architecture with a latency target), so that they are answered by its variants and not by a
-0.5 ms demo model of equal rounded accuracy; the others are model-less:
+smaller model of equal rounded accuracy; the others are model-less (the text model's within its
+own app, `zoo-text`):
 
 {targets_table(outcome)}
 
@@ -1324,6 +1351,8 @@ baseline has no violation the project cannot have fewer: "equal (both 0)".
 
 {checks}
 
+{DERIVED_NOTE}
+
 ### Replay speed
 
 Hours of arrivals in seconds: simulated seconds (warm-up included) per wall-clock second, per
@@ -1337,9 +1366,13 @@ second of wall clock.
 """
 
 
-def _build_s(zoo: Zoo, key: str) -> float:
-    """Seconds the zoo's models took to build (``build_seconds``) or train (``train_seconds``)."""
-    return sum(float(source.built.get(key, 0.0)) for source in zoo.sources)
+def _build_s(zoo: Zoo) -> float:
+    """Seconds the zoo's models took to build, as their build manifests say."""
+    total = 0.0
+    for model in zoo.models:
+        seconds = manifest_value(model.manifest, "build_seconds", "seconds", "build_s")
+        total += float(seconds) if isinstance(seconds, int | float) else 0.0
+    return total
 
 
 def _cold_raw(outcome: Outcome) -> str:
@@ -1360,9 +1393,9 @@ def _cold_raw(outcome: Outcome) -> str:
 
 def outcome_from_json(data: dict[str, Any], args: argparse.Namespace) -> Outcome:
     """The outcome a run recorded in its JSON, to write its Markdown and plots again."""
-    zoo = measured_zoo(args.state_dir)
-    cold = [float(v) for v in data["lambda_cold_start_ms"]]
     quick = bool(data.get("quick", "--quick" in data["command"]))
+    zoo = measured_zoo(args.state_dir, quick=quick, only=data.get("only") or args.only)
+    cold = [float(v) for v in data["lambda_cold_start_ms"]]
     setup = make_setup(zoo, statistics.median(cold))
     workloads = make_workloads(setup, quick, int(data.get("repeats", 3)), args.trace)
     outcome = Outcome(workloads, data["results"], data["validation"], cold, data["wall_s"], zoo, setup)
@@ -1389,6 +1422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-validation", action="store_true", help="skip the live run of the embedded stack"
     )
     parser.add_argument("--state-dir", type=Path, default=Path(".modelless"))
+    parser.add_argument("--only", nargs="+", help="these models of the real zoo only")
     parser.add_argument("--trace", type=Path, default=TRACE_PATH)
     parser.add_argument(
         "--rerender",
@@ -1422,6 +1456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date": date,
         "command": command,
         "quick": quick,
+        "only": args.only,
         "repeats": repeats,
         "jobs": args.jobs,
         "wall_s": outcome.wall_s,

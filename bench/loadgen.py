@@ -9,6 +9,9 @@ Ray Serve): the same request bytes, the same connections, the same clock.
 A job: ``{"url": "http://127.0.0.1:8080/v1/online_query", "headers": {...}, "body": "<json text>",
 "mode": "closed" | "open", "concurrency": 8, "rate": 500.0, "duration_s": 3.0, "warmup_s": 0.5,
 "max_requests": 20000, "max_connections": 256, "timeout_s": 10.0, "keep": ["timingsMs", "tier"]}``.
+A binary body (an ``.npy`` query) comes as ``"body_b64"`` (base64 of the bytes) with its
+``"content_type"`` (``application/x-npy``); a text ``body`` is sent as ``application/json`` unless
+``content_type`` says otherwise.
 
 - ``closed``: ``concurrency`` callers, each on its own connection, send the next request as soon
   as the previous reply arrived.
@@ -27,6 +30,7 @@ Traffic goes only where ``url`` says; the benchmark only ever gives it 127.0.0.1
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import random
@@ -58,11 +62,15 @@ class Job:
         url = urlsplit(str(raw["url"]))
         if url.scheme != "http" or url.hostname is None:
             raise ValueError(f"only plain http URLs: {raw['url']!r}")
-        body = str(raw.get("body", "")).encode()
+        if "body_b64" in raw:
+            body = base64.b64decode(str(raw["body_b64"]), validate=True)
+        else:
+            body = str(raw.get("body", "")).encode()
         host = url.hostname
         port = url.port or 80
         path = url.path + (f"?{url.query}" if url.query else "")
-        headers = {"Host": f"{host}:{port}", "Content-Type": "application/json", **raw.get("headers", {})}
+        content_type = str(raw.get("content_type") or "application/json")
+        headers = {"Host": f"{host}:{port}", "Content-Type": content_type, **raw.get("headers", {})}
         head = f"POST {path or '/'} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         head += f"Content-Length: {len(body)}\r\n\r\n"
         mode = str(raw.get("mode", "closed"))

@@ -18,8 +18,9 @@ Each replica runs the model with onnxruntime exactly as the project's workers do
 (``modelless.runtime.make_session``: ``--threads`` intra-op threads, one inter-op thread,
 sequential execution, no further graph optimisation since the artifact is already optimised).
 Per-request access logs are off, as the project's gateway logs no line per query at the
-benchmark's log level. A request body is the project's own ``online_query`` body: only
-``inputs`` is read (one input, or a batch of them); the reply carries the logits and predictions.
+benchmark's log level. A request body is the project's own: a binary ``.npy`` array
+(``application/x-npy``, one input or a batch of them), or the JSON ``online_query`` body, of
+which only ``inputs`` is read; the reply carries the logits and predictions, as JSON.
 
 The process prints ``READY <port>`` once both applications answer, serves until its stdin closes
 or it gets SIGTERM/SIGINT, then shuts Serve and Ray down (their processes included).
@@ -63,10 +64,16 @@ class OnnxModel:
         self.input_name: str = declared.name
         self.input_rank = len(declared.shape) - 1
 
-    def inputs_of(self, body: dict[str, Any]) -> np.ndarray:
+    def inputs_of(self, body: bytes, content_type: str) -> np.ndarray:
+        import io
+
         import numpy as np
 
-        inputs = np.asarray(body["inputs"], dtype=np.float32)
+        inputs: np.ndarray
+        if content_type.startswith("application/x-npy"):
+            inputs = np.load(io.BytesIO(body), allow_pickle=False)
+        else:
+            inputs = np.asarray(json.loads(body)["inputs"], dtype=np.float32)
         return inputs[None] if inputs.ndim == self.input_rank else inputs
 
     def run(self, inputs: np.ndarray) -> np.ndarray:
@@ -92,7 +99,7 @@ def build_apps(
             self.model = OnnxModel(model_path, threads)
 
         async def __call__(self, request: Any) -> dict[str, Any]:
-            inputs = self.model.inputs_of(await request.json())
+            inputs = self.model.inputs_of(await request.body(), request.headers.get("content-type", ""))
             return reply(self.model.run(inputs))
 
     # A replica must hold at least a batch's worth of requests for the batch to fill.
@@ -115,17 +122,17 @@ def build_apps(
             return split
 
         async def __call__(self, request: Any) -> dict[str, Any]:
-            inputs = self.model.inputs_of(await request.json())
+            inputs = self.model.inputs_of(await request.body(), request.headers.get("content-type", ""))
             return reply(await self.infer(inputs))
 
     return Plain.bind(), Batched.bind()  # type: ignore[attr-defined]
 
 
-def wait_answering(url: str, body: bytes, timeout_s: float) -> None:
+def wait_answering(url: str, body: bytes, content_type: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            request = urllib.request.Request(url, body, {"Content-Type": content_type})
             with urllib.request.urlopen(request, timeout=5) as response:
                 json.loads(response.read())
                 return
@@ -150,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         default=256,
         help="requests a replica takes at once (Ray's default, 5, makes its router back off up to 0.5 s)",
     )
-    parser.add_argument("--sample", required=True, help="a JSON request body to check the apps with")
+    parser.add_argument("--sample", required=True, help="a request body to check the apps with")
+    parser.add_argument("--sample-type", default="application/json", help="the sample's content type")
     parser.add_argument("--temp-dir", default="", help="Ray's session directory (short: socket paths)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--start-timeout-s", type=float, default=180.0)
@@ -183,7 +191,9 @@ def main(argv: list[str] | None = None) -> None:
         serve.run(batched, name="batched", route_prefix="/batched")
         sample = open(args.sample, "rb").read()  # noqa: SIM115 (read once, at start-up)
         for route in ("plain", "batched"):
-            wait_answering(f"http://127.0.0.1:{args.port}/{route}", sample, args.start_timeout_s)
+            wait_answering(
+                f"http://127.0.0.1:{args.port}/{route}", sample, args.sample_type, args.start_timeout_s
+            )
         sys.stdout.write(f"READY {args.port}\n")
         sys.stdout.flush()
 

@@ -58,8 +58,6 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-
-
 def _gap(reference: float, objective: float) -> float:
     """How much more ``objective`` is than ``reference``, in percent."""
     return 100.0 * (objective - reference) / reference if reference > 0 else 0.0

@@ -14,14 +14,19 @@ ready) and the Lambda tier's cold start (a container's spawn to ready, timed by 
 measured on fresh containers just before the run.
 
     python -m bench.sim_validation --replay JOB.json OUT.json   # the load generator's process
+
+The zoo is the real one (``bench.real_zoo``): queries carry one held-out example of their model's
+test set as a binary body (``.npy``, or ``.npz`` for the text model's two inputs), and the rate is
+set from the zoo's measured latencies (``validation_rate_qps``) so that the stack is loaded, not
+swamped, on the machine it runs on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import Connection
-from bench.sim_profiles import Zoo
+from bench.real_zoo import RegisteredModel, encode_body, held_out_batch, query_path
+from bench.sim_profiles import Zoo, developer_cpu_variant
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.scaling.controller import ScalerConfig
 from modelless.types import VariantProfile
@@ -56,6 +62,10 @@ STACK_SCALER = ScalerConfig(window_s=10, min_workers={"cpu": 1}, max_workers={"c
 STACK_SCALE_EVERY_S = 5.0
 MIN_SAMPLES = 20  # a model's own calibration needs this many replies; else its tier's
 IDLE_REUSE_S = 2.0  # the replayer reuses a connection idle this long at most
+# The validation load: this share of what the machine's cores could serve of the zoo's mix on its
+# fastest accurate CPU variants (profiled medians), at most MAX_VALIDATION_QPS.
+VALIDATION_LOAD = 0.4
+MAX_VALIDATION_QPS = 30.0
 
 
 @dataclass
@@ -111,16 +121,16 @@ def measure_lambda_cold_starts(zoo: Zoo, state_dir: Path, runs: int = 3) -> list
     """Cold starts of the local Lambda tier: ``runs`` fresh containers, each invoked once; the
     tier times each container from its spawn to ready (process start and imports). The model's
     load is not in it (the simulator adds the variant's profiled load time)."""
-    import numpy as np
 
     from infra.local.lambda_container import local_lambda_tier
     from modelless.runtime import invocation_payload
+    from modelless.tensors import example_batch
 
     variant = min(
         (p for p in zoo.measured() if p.pool == "lambda-cpu"), key=lambda p: (p.load_latency_ms, p.variant_id)
     )
-    record = next(m for m in zoo.models if m.model_name == variant.model_name)
-    inputs = np.zeros((1, *record.input_shape), dtype=np.float32)
+    record = next(m.record for m in zoo.models if m.name == variant.model_name)
+    inputs = example_batch(record.input_specs, 1)
     cold: list[float] = []
     for run in range(runs):
         tier = local_lambda_tier(str(zoo.repository), state_dir / "logs", state_dir / "cache", concurrency=1)
@@ -133,23 +143,35 @@ def measure_lambda_cold_starts(zoo: Zoo, state_dir: Path, runs: int = 3) -> list
     return cold
 
 
-def _bodies(zoo: Zoo, mix: Mix, state_dir: Path) -> dict[str, str]:
-    import numpy as np
+def validation_rate_qps(zoo: Zoo, mix: Mix) -> float:
+    """The validation's arrival rate: ``VALIDATION_LOAD`` of what this machine's cores could
+    serve of the mix, each query on its architecture's fastest CPU variant that meets its
+    accuracy target (profiled median at batch 1), at most ``MAX_VALIDATION_QPS``."""
+    by_model = zoo.by_model()
+    mean_ms = 0.0
+    for a, share in zip(mix.architectures, mix.shares, strict=True):
+        eligible = [
+            p for p in by_model[a.model] if p.pool == "cpu" and p.accuracy >= a.targets.min_accuracy
+        ] or [developer_cpu_variant(by_model[a.model])]
+        mean_ms += share * min(p.median_ms(1) for p in eligible)
+    capacity = (os.cpu_count() or 1) * 1000.0 / max(mean_ms, 1e-3)
+    return round(max(1.0, min(MAX_VALIDATION_QPS, VALIDATION_LOAD * capacity)), 1)
 
-    with np.load(state_dir / "demo" / "testset.npz", allow_pickle=False) as test:
-        image = test["inputs"][0].tolist()
-    bodies = {}
+
+def _requests(zoo: Zoo, mix: Mix, keys: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Per architecture, its query as the replayer sends it: the path with the targets, the
+    binary body (one held-out example), its content type and the app's API key."""
+    models: dict[str, RegisteredModel] = {m.name: m for m in zoo.models}
+    requests = {}
     for a in mix.architectures:
-        body: dict[str, Any] = {
-            "appID": a.targets.app_id,
-            "inputs": image,
-            "latency": a.targets.latency_ms,
-            "accuracy": a.targets.min_accuracy,
+        content_type, body = encode_body(held_out_batch(models[a.model], 1))
+        requests[a.model] = {
+            "path": query_path(a.targets, binary=True),
+            "content_type": content_type,
+            "body_b64": base64.b64encode(body).decode(),
+            "api_key": keys[a.targets.app_id],
         }
-        if a.targets.model_name is not None:
-            body["modelName"] = a.targets.model_name
-        bodies[a.model] = json.dumps(body)
-    return bodies
+    return requests
 
 
 def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, state_dir: Path) -> LiveRun:
@@ -163,7 +185,8 @@ def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, st
     gateway_logger.setLevel("ERROR")
     lambda_cold = measure_lambda_cold_starts(zoo, state_dir)
     with tempfile.TemporaryDirectory(prefix="modelless-validate-") as tmp:
-        shutil.copytree(zoo.repository, Path(tmp) / "repo")
+        # The stack serves the zoo cache's artifacts where they are (read only: nothing registers).
+        (Path(tmp) / "repo").symlink_to(zoo.repository.resolve(), target_is_directory=True)
         port = 19080 + os.getpid() % 1000
         stack = start_stack(
             Path(tmp), "127.0.0.1", port, STACK_WORKERS, STACK_LAMBDA_CONCURRENCY, "memory://", max_workers=4
@@ -171,22 +194,17 @@ def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, st
         serving = ThreadedGateway(stack, port, log_level="error")
         try:
             admin = serving.admin()
-            key = admin.create_app(zoo.app_id)
+            keys = {app: admin.create_app(app) for app in sorted({m.app for m in zoo.models})}
             store = stack.services.store
-            measured = zoo.measured()
-            for record, registration in zip(zoo.models, zoo.registrations, strict=True):
-                store.add_model(record, registration)
-                store.publish_variants(
-                    record, [p for p in measured if p.model_name == record.model_name], registration
-                )
+            for model in zoo.models:
+                store.add_model(model.record, model.registration)
+                store.publish_variants(model.record, model.measured(), model.registration)
             worker_startup = [child.started_ms for child in stack.pool.workers().values()]
             stack.start_scaling(STACK_SCALE_EVERY_S)
-            bodies = _bodies(zoo, mix, state_dir)
             job = {
                 "host": "127.0.0.1",
                 "port": port,
-                "api_key": key,
-                "bodies": bodies,
+                "requests": _requests(zoo, mix, keys),
                 "schedule": [[a.at, a.model] for a in schedule],
                 "timeout_s": 10.0,
             }
@@ -338,11 +356,12 @@ async def _replay(job: dict[str, Any]) -> list[list[Any]]:
     connection or a new one; latency from the scheduled time (no coordinated omission)."""
     host, port = str(job["host"]), int(job["port"])
     requests = {}
-    for model, body in job["bodies"].items():
-        data = body.encode()
+    for model, request in job["requests"].items():
+        data = base64.b64decode(request["body_b64"])
         head = (
-            f"POST /v1/online_query HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"X-Api-Key: {job['api_key']}\r\nContent-Length: {len(data)}\r\n\r\n"
+            f"POST {request['path']} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: {request['content_type']}\r\n"
+            f"X-Api-Key: {request['api_key']}\r\nContent-Length: {len(data)}\r\n\r\n"
         )
         requests[model] = head.encode() + data
     timeout_s = float(job["timeout_s"])

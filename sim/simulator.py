@@ -786,8 +786,7 @@ class Simulation:
             if self._in_flight:
                 busy = {worker_id for worker_id, _ in self._in_flight}
                 self._overlaid = [
-                    with_in_flight(s, self._in_flight) if s.worker_id in busy else s
-                    for s in self._view
+                    with_in_flight(s, self._in_flight) if s.worker_id in busy else s for s in self._view
                 ]
             else:
                 self._overlaid = self._view

@@ -1,14 +1,22 @@
 """The README's first command: start the embedded stack, register the demo models, show how
 different targets pick different variants, then keep serving until Ctrl-C.
 
-    python -m infra.local.demo --port 8080
+    python -m infra.local.demo --port 8080 [--zoo digits|real]
+
+``--zoo digits`` (the default) registers the small digits zoo (infra/zoo/digits.py, trained in
+seconds). ``--zoo real`` builds the real zoo once (infra/zoo/real.py: timm architectures at
+3x224x224 in app ``zoo-images``, a BERT-style text model in app ``zoo-text``; docs/ZOO.md), then
+registers it and queries it with tensors, an image file and token sequences.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +31,7 @@ from modelless.cli import format_table, load_app_key, progress_bar, save_app_key
 from modelless.client import Client, ModellessClientError
 from modelless.observability import logger as gateway_logger
 
+ZOOS = ("digits", "real")
 # Two apps: one serves the whole zoo; the other, a cheaper subset of it.
 DEMO_APPS: dict[str, tuple[str, ...] | None] = {
     "digits": None,
@@ -54,22 +63,35 @@ def register_zoo(
         name = model["name"]
         if only is not None and name not in only:
             continue
-        if name in ready:
-            print(f"  {name}: already registered")
-            continue
-        reply = client.register_model(name, zoo_dir / model["file"], zoo_dir / "valset.npz", app_id)
-        started = time.monotonic()
+        register_one(client, app_id, name, zoo_dir / model["file"], zoo_dir / "valset.npz", ready)
 
-        def show(status: dict[str, Any], name: str = name) -> None:
-            print(f"\r  {name}: {progress_bar(status)}"[:110].ljust(110), end="", flush=True)
 
-        final = client.wait_for_registration(reply["registrationId"], on_progress=show)
-        print(
-            f"\r  {name}: {final['status']}, {len(final['variantIds'])} variants "
-            f"({final['pruned']} dominated ones pruned) in {time.monotonic() - started:.1f} s".ljust(110)
-        )
-        if final["status"] != "ready":
-            raise SystemExit(f"registration of {name} failed: {final['message']}")
+def register_one(
+    client: Client,
+    app_id: str,
+    name: str,
+    model_path: Path,
+    valset_path: Path,
+    ready: set[str],
+    preprocessing: dict[str, Any] | None = None,
+) -> None:
+    """Register one model (unless it is already) and follow its registration to the end."""
+    if name in ready:
+        print(f"  {name}: already registered")
+        return
+    reply = client.register_model(name, model_path, valset_path, app_id, preprocessing=preprocessing)
+    started = time.monotonic()
+
+    def show(status: dict[str, Any]) -> None:
+        print(f"\r  {name}: {progress_bar(status)}"[:110].ljust(110), end="", flush=True)
+
+    final = client.wait_for_registration(reply["registrationId"], on_progress=show)
+    print(
+        f"\r  {name}: {final['status']}, {len(final['variantIds'])} variants "
+        f"({final['pruned']} dominated ones pruned) in {time.monotonic() - started:.1f} s".ljust(110)
+    )
+    if final["status"] != "ready":
+        raise SystemExit(f"registration of {name} failed: {final['message']}")
 
 
 def demo_queries(client: Client, app_id: str, zoo_dir: Path) -> None:
@@ -95,18 +117,28 @@ def demo_queries(client: Client, app_id: str, zoo_dir: Path) -> None:
             {"latency": fast_budget, "accuracy": impossible_accuracy},
         ),
     ]
+    with_inputs = [(label, targets, images[i]) for i, (label, targets) in enumerate(cases)]
+    show_queries(client, app_id, with_inputs, labels)
+
+
+def show_queries(
+    client: Client, app_id: str, cases: list[tuple[str, dict[str, Any], Any]], labels: Any
+) -> None:
+    """Send each (label, targets, inputs) case and print which variant answered it and why; a
+    refused query shows its error, and a variant warming up is given its profiled load time."""
     rows = []
-    for index, (label, targets) in enumerate(cases):
-        sample = images[index]
+    for index, (label, targets, sample) in enumerate(cases):
         try:
             reply = client.online_query(sample, app_id, **targets)
         except ModellessClientError as error:
-            closest = error.details.get("closest", {})
+            closest = error.details.get("closest") or {}
             warming = error.details.get("warming")
             outcome = (
                 f"loading {warming['variant']} for next time"
                 if warming
                 else f"closest: {closest.get('variant')} (accuracy {closest.get('accuracy')})"
+                if closest
+                else ""
             )
             rows.append({"query": label, "variant": f"{error.status} {error.code}", "where": outcome})
             print(f"  {label}\n      -> {error.status}: {error.message}")
@@ -146,13 +178,115 @@ def zoo_summary(variants_by_app: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(url: str, admin_key: str, zoo_dir: Path, done: threading.Event, failures: list[str]) -> None:
+# --- the real zoo (--zoo real) ------------------------------------------------------------------
+
+
+def build_real_zoo(root: Path) -> list[Any]:
+    """The real zoo's models (infra.zoo.real.BuiltModel), built first where the cache lacks them:
+    in a child process, so that this serving process never imports torch (its progress goes to
+    stderr as it builds)."""
+    from infra.zoo import real
+
+    print(
+        f"building the real zoo where {root} lacks it (timm architectures at 3x224x224 and a "
+        "BERT-style text model; built here, no downloaded weights; docs/ZOO.md)...",
+        flush=True,
+    )
+    subprocess.run([sys.executable, "-m", "infra.zoo.real", "--root", str(root)], check=True)
+    return [real.load_built(entry.name, root) for entry in real.ZOO]
+
+
+def png_of(image: np.ndarray, preprocessing: dict[str, Any]) -> bytes:
+    """A zoo image input [3, H, W] (normalised, grey in RGB) back to the 8-bit PNG it came from:
+    the form in which a client would send it, decoded by the model's preprocessing recipe."""
+    from PIL import Image
+
+    mean, std, scale = preprocessing["mean"][0], preprocessing["std"][0], preprocessing["scale"]
+    grey = np.clip(np.rint((image[0] * std + mean) * scale), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(grey).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def real_zoo_queries(client: Client, app_id: str, models: list[Any]) -> None:
+    """A few model-less queries on one of the real zoo's apps: tight and loose targets, a named
+    model, and (images) a PNG file decoded by the gateway with the model's recipe."""
+    from infra.zoo.real import read_split
+
+    variants = client.variants()
+    fastest = min(variants, key=lambda v: v["latency_p99_ms"]["1"])
+    best = max(variants, key=lambda v: (v["accuracy"], -v["latency_p99_ms"]["1"]))
+    budget = round(max(0.1, fastest["latency_p99_ms"]["1"] * 3), 3)
+    fast = {"latency": budget, "accuracy": float(fastest["accuracy"])}
+    accurate = {"latency": 5000.0, "accuracy": float(best["accuracy"])}
+    named = best["model_name"]
+    sample_model = next(m for m in models if m.name == named)
+    test = read_split(sample_model.testset_path, rows=4)
+    labels = test.pop("labels")
+    if "inputs" in test:
+        samples: list[Any] = [test["inputs"][i : i + 1] for i in range(len(labels))]
+    else:
+        samples = [{name: array[i : i + 1] for name, array in test.items()} for i in range(len(labels))]
+    cases: list[tuple[str, dict[str, Any], Any]] = [
+        (f"fast: <= {budget} ms, accuracy >= {fast['accuracy']:.4f}", fast, samples[0]),
+        (f"accurate: accuracy >= {accurate['accuracy']:.4f}, <= 5000 ms", accurate, samples[1]),
+        (f"named model: {named}", {"model_name": named}, samples[2]),
+    ]
+    if sample_model.preprocessing is not None:
+        image = png_of(samples[3][0], sample_model.preprocessing)
+        cases.append((f"a {len(image)}-byte PNG, accuracy >= {fast['accuracy']:.4f}", fast, image))
+    else:
+        cases.append(("the fast targets again", fast, samples[3]))
+    show_queries(client, app_id, cases, labels)
+
+
+def run_real_zoo_demo(url: str, admin_key: str, root: Path) -> None:
+    models = build_real_zoo(root)
+    admin = Client(url, admin_key=admin_key)
+    clients: dict[str, tuple[str, Client]] = {}
+    for app in dict.fromkeys(m.app for m in models):
+        app_id, key = ensure_app(admin, app)
+        client = Client(url, api_key=key)
+        clients[app] = (app_id, client)
+        print(f"registering the real zoo's models in app {app_id!r} (variants are generated and profiled):")
+        ready = {m["model_name"] for m in client.models() if m["ready"]}
+        for model in (m for m in models if m.app == app):
+            register_one(
+                client, app_id, model.name, model.onnx_path, model.valset_path, ready, model.preprocessing
+            )
+    for app_id, client in clients.values():
+        print(f"\nvariants of app {app_id!r}:")
+        rows = variant_rows(client.variants())
+        print(format_table(rows, list(rows[0])))
+    print("\n" + zoo_summary({app_id: client.variants() for app_id, client in clients.values()}))
+    for app, (app_id, client) in clients.items():
+        print(f"\nqueries in app {app_id!r} (model-less: only targets are given):")
+        real_zoo_queries(client, app_id, [m for m in models if m.app == app])
+    first = next(iter(clients.values()))[0]
+    print(
+        f"\nserving on {url} — try: .venv/bin/modelless variants --app {first}   (Ctrl-C stops)",
+        flush=True,
+    )
+
+
+def run_demo(
+    url: str,
+    admin_key: str,
+    state_dir: Path,
+    done: threading.Event,
+    failures: list[str],
+    zoo: str = "digits",
+) -> None:
     from infra.zoo.digits import build_zoo
 
+    zoo_dir = state_dir / "demo"
     try:
         client = Client(url)
         while not client.health():
             time.sleep(0.1)
+        if zoo == "real":
+            run_real_zoo_demo(url, admin_key, state_dir / "zoo-real")
+            return
         print("building the demo zoo (trained here on scikit-learn's digits)...", flush=True)
         manifest = build_zoo(zoo_dir)
         admin = Client(url, admin_key=admin_key)
@@ -191,6 +325,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--metadata", default="auto")
     parser.add_argument("--state-dir", type=Path, default=Path(".modelless"))
     parser.add_argument("--exit-after-demo", action="store_true", help="stop once the demo queries ran")
+    parser.add_argument(
+        "--zoo",
+        choices=ZOOS,
+        default="digits",
+        help="digits: the small digits zoo (seconds); real: timm architectures at 224x224 and a text "
+        "model (built once, minutes; docs/ZOO.md)",
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
@@ -212,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     failures: list[str] = []
     threading.Thread(
         target=run_demo,
-        args=(stack.url, stack.services.settings.admin_key, args.state_dir / "demo", done, failures),
+        args=(stack.url, stack.services.settings.admin_key, args.state_dir, done, failures, args.zoo),
         daemon=True,
     ).start()
     if args.exit_after_demo:

@@ -1,7 +1,8 @@
-"""The cost study's configuration (issue 7, part 1): the latency targets INFaaS set, its §6.2
-patterns on the heavy model alone with one worker per pool, its §6.1 trace over the whole zoo,
-the baselines as INFaaS configured them, the project priced by the bill it is judged on, and the
-verdicts on its targets. A hand-built zoo; nothing is simulated or timed here."""
+"""The cost study's configuration (issue 7, part 1; re-based on the real zoo in issue 12): the
+latency targets INFaaS set, its §6.2 patterns on the heavy model alone with one worker per pool,
+its §6.1 trace over the whole zoo, the baselines as INFaaS configured them, the project priced by
+the bill it is judged on, and the verdicts on its targets. A hand-built zoo with the real zoo's
+names and latencies of their order; nothing is simulated or timed here."""
 
 from __future__ import annotations
 
@@ -23,27 +24,26 @@ from bench.costs import (
     verdict,
 )
 from bench.sim_profiles import (
-    APP,
     COLD_FLOOR_MS,
-    HEAVY,
-    PATTERN_SLO_MS,
     POPULAR_SLO_MS,
-    POPULARITY,
-    ModelSource,
     Zoo,
     architectures,
     pattern_architectures,
+    pattern_slo_ms,
 )
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.types import VariantProfile
 from sim.simulator import FixedVariant, Modelless, instance_memory_gb
 from sim.traces import TRACE_PATH
 
+APP = "zoo-images"
+HEAVY = "resnet50"
 # batch-1 median latency (ms) and accuracy of each architecture's variants in this hand-built zoo
-SPEED = {HEAVY: 7.0, "digits-cnn": 0.5, "digits-small-cnn": 0.03, "digits-mlp": 0.02}
-SPEED |= {"digits-linear": 0.01, "digits-tiny": 0.01}
-ACCURACY = {HEAVY: 0.9889, "digits-cnn": 0.9926, "digits-small-cnn": 0.9852, "digits-mlp": 0.9778}
-ACCURACY |= {"digits-linear": 0.9444, "digits-tiny": 0.7889}
+SPEED = {HEAVY: 110.0, "densenet121": 45.0, "resnet18": 20.0, "efficientnet_b0": 15.0}
+SPEED |= {"mobilenetv2_100": 10.0, "mobilenetv3_small_100": 3.0}
+POPULARITY = tuple(SPEED)  # the slowest first
+ACCURACY = {HEAVY: 0.9389, "densenet121": 0.9526, "resnet18": 0.9152, "efficientnet_b0": 0.9078}
+ACCURACY |= {"mobilenetv2_100": 0.8944, "mobilenetv3_small_100": 0.7889}
 
 
 def profile(
@@ -64,7 +64,7 @@ def profile(
         load_latency_ms=10.0 if pool in ("cpu", "lambda-cpu") else 1010.0,
         latency_p50_ms={b: p50 * b for b in (1, 2, 4, 8, 16)},
         latency_p99_ms={b: 1.05 * p50 * b for b in (1, 2, 4, 8, 16)},
-        peak_memory_mb=100.0 if model == HEAVY else 20.0,
+        peak_memory_mb=300.0 if model == HEAVY else 60.0,
         accuracy=accuracy or ACCURACY[model],
         price_per_second=1e-5,
         request_price=0.0,
@@ -76,7 +76,7 @@ def profile(
 
 def hand_built_zoo() -> Zoo:
     profiles = []
-    for model in POPULARITY:
+    for model in sorted(POPULARITY):  # the zoo orders them itself
         profiles += [
             profile(model, "cpu"),
             profile(model, "lambda-cpu"),
@@ -85,36 +85,39 @@ def hand_built_zoo() -> Zoo:
             # faster but far less accurate: it must not set the cold models' targets
             profile(model, "cpu", "int8-static_all", speed=0.2, accuracy=0.2),
         ]
-    source = ModelSource("m", 5, (1,), 1.0, "now", "here", {})
-    return Zoo(APP, [], [], profiles, Path("repo"), [source])
+    return Zoo(profiles, Path("repo"))
 
 
 def test_the_targets_are_those_infaas_set() -> None:
     zoo = hand_built_zoo()
     found = {a.model: a for a in architectures(zoo)}
+    # The slowest on a CPU are the most popular; the slowest of all is the patterns' heavy model.
+    assert zoo.popularity == POPULARITY and zoo.heavy == HEAVY
     assert [a.model for a in architectures(zoo)] == list(POPULARITY)
-    assert found[HEAVY].slo_ms == found["digits-cnn"].slo_ms == POPULAR_SLO_MS  # the popular ones
-    # A cold model: 1.5x its fastest accurate CPU variant's p99 (not the INT8 one's), at least 2 ms.
-    assert found["digits-small-cnn"].slo_ms == COLD_FLOOR_MS
-    assert found[HEAVY].targets.model_name == HEAVY  # named: it is no more accurate than digits-cnn
-    assert found["digits-cnn"].targets.model_name is None  # model-less
-    assert found[HEAVY].targets.min_accuracy == 0.98  # its own accuracy, rounded down
+    assert found[HEAVY].slo_ms == found["densenet121"].slo_ms == POPULAR_SLO_MS  # the popular ones
+    # A cold model: 1.5x its fastest accurate CPU variant's p99 (not the INT8 one's)...
+    assert found["efficientnet_b0"].slo_ms == pytest.approx(1.5 * 1.05 * 15.0)
+    # ...but at least the floor, below which the serving path's own milliseconds would decide.
+    assert found["mobilenetv3_small_100"].slo_ms == COLD_FLOOR_MS
+    assert all(10.0 <= a.slo_ms <= 500.0 for a in found.values())
+    assert found[HEAVY].targets.model_name == HEAVY  # named
+    assert found["densenet121"].targets.model_name is None  # model-less
+    assert found[HEAVY].targets.min_accuracy == 0.93  # its own accuracy, rounded down
+    assert found[HEAVY].targets.app_id == APP
     (pattern,) = pattern_architectures(zoo)
-    assert (pattern.model, pattern.slo_ms, pattern.targets.latency_ms) == (
-        HEAVY,
-        PATTERN_SLO_MS,
-        PATTERN_SLO_MS,
-    )
+    # The latency class at or above 1.5x the heavy model's developer CPU p99 (1.5 * 115.5 ms).
+    assert pattern_slo_ms(zoo) == 200.0
+    assert (pattern.model, pattern.slo_ms, pattern.targets.latency_ms) == (HEAVY, 200.0, 200.0)
 
 
 def test_a_cold_model_slower_than_the_floor_gets_one_and_a_half_times_its_latency() -> None:
     zoo = hand_built_zoo()
     slow = [
-        replace(p, latency_p99_ms={1: 4.0, 2: 8.0}) if p.model_name == "digits-mlp" else p
+        replace(p, latency_p99_ms={1: 40.0, 2: 80.0}) if p.model_name == "mobilenetv3_small_100" else p
         for p in zoo.profiles
     ]
     found = {a.model: a for a in architectures(replace(zoo, profiles=slow))}
-    assert found["digits-mlp"].slo_ms == pytest.approx(6.0)
+    assert found["mobilenetv3_small_100"].slo_ms == pytest.approx(60.0)
 
 
 @pytest.mark.skipif(not TRACE_PATH.exists(), reason="the shared trace is not beside this checkout")

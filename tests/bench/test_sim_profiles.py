@@ -8,12 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench.sim_profiles import (
-    DEVICE_FLOOR_MS,
-    NOT_MEASURED,
-    derive_accelerator_entries,
-    developer_cpu_variant,
-)
+from bench.real_zoo import DEVICE_FLOOR_MS, NOT_MEASURED, derive_accelerator_entries
+from bench.sim_profiles import developer_cpu_variant
 from bench.sim_validation import LiveQuery, LiveRun, Phases, calibrate
 from modelless.types import VariantProfile
 

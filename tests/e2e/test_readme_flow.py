@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import httpx
 import numpy as np
 
 from modelless.client import Client, ModellessClientError
+from modelless.config import Settings
 from tests.conftest import service_url
 from tests.e2e.conftest import RunningStack, free_port, start_stack
 from tests.models import digits, hidden_model, linear_model, valset_npz
@@ -73,7 +75,8 @@ def run_flow(stack: RunningStack, workdir: Path) -> None:
             "--valset",
             str(workdir / "val.npz"),
         )
-        registered = re.search(rf"{name}: (\d+) variants ready \((\d+) pruned as dominated\)", done.stdout)
+        outcome = rf"{name} ready: (\d+) variants servable \((\d+) pruned as dominated\)"
+        registered = re.search(outcome, done.stdout)
         assert registered, done.stdout + done.stderr
         kept, pruned = map(int, registered.groups())
         # 10 artifacts (fp32, int8, static int8 at 3 levels, fp16) x 4 CPU placements.
@@ -186,6 +189,7 @@ def test_uploads_over_the_size_limit_are_refused(memory_stack: RunningStack) -> 
     stack = memory_stack
     admin = Client(stack.url, admin_key=stack.admin_key)
     key = admin.create_app("sizes")
+    # 65 MiB was past the old 64 MiB limit: now it is taken, and checked (zeros are no model).
     huge = io.BytesIO(b"\0" * (65 * 1024 * 1024))
     response = httpx.post(
         f"{stack.url}/v1/register_model",
@@ -194,8 +198,23 @@ def test_uploads_over_the_size_limit_are_refused(memory_stack: RunningStack) -> 
         files={"model": ("big.onnx", huge), "valSet": ("v.npz", valset_npz())},
         timeout=60,
     )
-    assert response.status_code == 413
-    assert "limit" in response.json()["error"]["message"]
+    assert response.status_code == 400, response.text
+    assert "not a valid ONNX model" in response.json()["error"]["message"]
+    # Past today's limit (the defaults: 1 GiB + 256 MiB), refused from the declared size alone.
+    limit = Settings().register_body_limit
+    host, port = stack.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(
+            (
+                f"POST /v1/register_model HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n"
+                f"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: {limit + 1}\r\n\r\n"
+            ).encode()
+        )
+        answer = b""
+        while b"payload_too_large" not in answer and (piece := connection.recv(65536)):
+            answer += piece
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert b"MODELLESS_MAX_MODEL_BYTES + MODELLESS_MAX_VALSET_BYTES" in answer
     assert Client(stack.url, api_key=key).models() == []
 
 

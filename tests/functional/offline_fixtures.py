@@ -68,10 +68,16 @@ class Buckets:
 
 
 def _empty_and_delete(s3: Any, bucket: str) -> None:
+    # Listed whole before deleting: deleting while paging moves the pages' markers, and past
+    # one page (1,000 versions) some would be skipped.
     paginator = s3.get_paginator("list_object_versions")
-    for page in paginator.paginate(Bucket=bucket):
-        for item in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
-            s3.delete_object(Bucket=bucket, Key=item["Key"], VersionId=item["VersionId"])
+    items = [
+        item
+        for page in paginator.paginate(Bucket=bucket)
+        for item in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]
+    ]
+    for item in items:
+        s3.delete_object(Bucket=bucket, Key=item["Key"], VersionId=item["VersionId"])
     s3.delete_bucket(Bucket=bucket)
 
 

@@ -37,7 +37,7 @@ from modelless.auth import hash_key
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key
 from modelless.pools.catalog import LAMBDA_POOL, Placement, lambda_threads
-from modelless.runtime import decode_array
+from modelless.runtime import inputs_of, outputs_of
 from modelless.scaling.ticks import MIN_TICK_RESERVE_S, SCHEDULE_S
 from modelless.types import JobStatus, ModelRecord, Registration, RegistrationStatus, VariantProfile
 from tests.conftest import service_url
@@ -360,10 +360,8 @@ def test_cpu_worker_runs_its_payload_with_the_variant_from_s3(deployment: Deploy
     # and set-up, never this process's age.
     assert 0 < first["init_ms"] <= import_ms
     assert second["cold_start"] is False and second["init_ms"] == 0 and second["load_ms"] == 0
-    inputs = decode_array(event["inputs_npy_b64"])
-    np.testing.assert_allclose(
-        decode_array(first["outputs_npy_b64"]), logits(linear_model(), inputs), rtol=1e-5
-    )
+    inputs = inputs_of(event)
+    np.testing.assert_allclose(outputs_of(first), logits(linear_model(), inputs), rtol=1e-5)
     gone = VariantProfile.from_json(event["variant"].replace(variant.artifact_key, "apps/none/model.onnx"))
     gone = dataclasses.replace(gone, variant_id=f"{variant.variant_id}-gone")
     missing = {**event, "variant_id": gone.variant_id, "variant": gone.to_json()}

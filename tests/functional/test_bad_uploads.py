@@ -27,7 +27,11 @@ APP = "uploads"
 BOUNDARY = "modelless-test-boundary"
 TWO_GB = 2 * 1024**3
 MiB = 1024 * 1024
-REGISTER_LIMIT = Settings().register_body_limit  # the embedded stack runs with the defaults
+# The stack runs with smaller limits than the defaults (1 GiB models, 256 MiB validation sets):
+# the chunked upload below streams until it passes the limit, and 96 MiB makes the point as well
+# as 1.25 GiB would.
+STACK_LIMITS: dict[str, Any] = {"max_model_bytes": 64 * MiB, "max_valset_bytes": 32 * MiB}
+REGISTER_LIMIT = Settings(**STACK_LIMITS).register_body_limit
 ANSWER_WITHIN_S = 5.0
 
 
@@ -58,7 +62,10 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    running = start_stack(tmp_path_factory.mktemp("bad-uploads") / "state", "memory://", workers=1)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in STACK_LIMITS.items():
+            patch.setenv(f"MODELLESS_{name.upper()}", str(value))
+        running = start_stack(tmp_path_factory.mktemp("bad-uploads") / "state", "memory://", workers=1)
     client: Client | None = None
     try:
         key = Client(running.url, admin_key=running.admin_key).create_app(APP)

@@ -28,7 +28,7 @@ from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
-from modelless.runtime import decode_array
+from modelless.runtime import outputs_of
 from modelless.selection import InfaasPolicy
 from modelless.types import QueryTargets, VariantProfile, WorkerState
 from modelless.worker.server import Worker
@@ -167,9 +167,7 @@ def test_a_draining_instance_refuses_new_queries_finishes_its_own_then_frees_its
     release.set()
     request.join(INVOKE_TIMEOUT_S)
     [body] = outcome  # the query it held is answered
-    np.testing.assert_allclose(
-        decode_array(body["outputs_npy_b64"]), expected_logits(inputs), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
     freed = worker.monitor.snapshot(0.0)
     assert freed.free_slots == 1 and worker.runtime.loaded_ids == []
     # The slot was reserved for another variant: shortly after, a query for the drained one is
@@ -192,9 +190,7 @@ def test_a_drain_that_reserves_nothing_lets_the_next_query_load_the_variant_agai
     assert worker.runtime.loaded_ids == []
 
     body = worker.invoke(payload(variant, inputs))
-    np.testing.assert_allclose(
-        decode_array(body["outputs_npy_b64"]), expected_logits(inputs), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
     assert worker.runtime.loaded_ids == [variant.variant_id]
 
 

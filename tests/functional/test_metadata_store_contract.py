@@ -259,6 +259,56 @@ def test_publish_marks_model_ready_with_registration_and_variants(any_store: Met
     assert any_store.profiles_version(APP) > version_before
 
 
+def test_variants_are_added_one_profile_at_a_time_while_the_registration_goes_on(
+    any_store: MetadataStore,
+) -> None:
+    model = make_model(APP, "resnet")
+    registration = make_registration(model)
+    any_store.add_model(model, registration)
+    first = make_variant(APP, "resnet", "fp32-all", accuracy=0.91)
+    second = [
+        make_variant(APP, "resnet", "int8-all", accuracy=0.9),
+        make_variant(APP, "resnet", "int8-basic"),
+    ]
+    versions = [any_store.profiles_version(APP)]
+
+    registration.status, registration.done, registration.total = RegistrationStatus.PROFILING, 1, 3
+    registration.first_servable_at = 1_700_000_005.0
+    registration.variants = {"fp32_all": "ready", "int8_all": "profiling", "int8_basic": "queued"}
+    servable = ModelRecord(**{**model.__dict__, "ready": True, "reference_accuracy": 0.91})
+    any_store.add_variants(servable, [first], registration)
+    versions.append(any_store.profiles_version(APP))
+
+    # Servable at once: the model, its first variant (selectable) and the progress, together.
+    assert any_store.get_model(APP, "resnet") == servable
+    assert any_store.list_variants(APP, "resnet") == [first]
+    assert ids(any_store.candidate_variants(APP, 0.0, "resnet")) == {first.variant_id}
+    assert any_store.get_registration(registration.registration_id) == registration
+
+    registration.done = 3
+    any_store.add_variants(servable, second, registration)
+    versions.append(any_store.profiles_version(APP))
+    assert ids(any_store.list_variants(APP)) == ids([first, *second])
+    assert ids(any_store.candidate_variants(APP, 0.905)) == {first.variant_id}
+
+    # Pruning unpublishes, with the registration's final record, atomically.
+    registration.status = RegistrationStatus.READY
+    registration.variants["int8_basic"] = "pruned"
+    registration.prune_reasons = {second[1].variant_id: "dominated by int8_all/cpu"}
+    any_store.remove_variants(APP, [second[1].variant_id, "app-one/resnet/unknown/cpu"], registration)
+    versions.append(any_store.profiles_version(APP))
+
+    assert ids(any_store.list_variants(APP, "resnet")) == ids([first, second[0]])
+    assert ids(any_store.candidate_variants(APP, 0.0, "resnet")) == ids([first, second[0]])
+    assert ids(any_store.candidate_variants(APP, 0.0)) == ids([first, second[0]])
+    stored = any_store.get_registration(registration.registration_id)
+    assert (
+        stored == registration and stored is not None and stored.prune_reasons == registration.prune_reasons
+    )
+    # Every change bumped the version that gateways' profile caches revalidate against.
+    assert versions == sorted(set(versions)) and len(versions) == 4
+
+
 def test_profiles_round_trip_exactly(any_store: MetadataStore) -> None:
     variant = make_variant(APP, "resnet", "fp32-all", pool="lambda-cpu", accuracy=0.912345, p99=1.75)
     register_and_publish(any_store, APP, "resnet", [variant])

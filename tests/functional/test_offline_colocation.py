@@ -73,7 +73,9 @@ from tests.models import wide_model
 PAUSE_LATENCY_RATIO = Settings().offline_pause_latency_ratio
 ONLINE_QPS = 40.0
 BASELINE_S = 5.0
-JOB_INPUTS = 300
+# Enough inputs that the job runs for several seconds beside the paced load at ONLINE_QPS, on a
+# fast machine too: the co-located p99 needs MIN_COLOCATED_QUERIES queries to mean anything.
+JOB_INPUTS = 600
 MIN_COLOCATED_QUERIES = 200  # fewer, and a p99 is no more than the slowest one or two
 WIDE_KEY = f"apps/{APP}/linear/variants/wide.onnx"
 # What the throttle says when it pauses (throttle.next_state), at the deployment's defaults.

@@ -30,7 +30,7 @@ from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import decode_array, encode_array
+from modelless.runtime import npy_bytes, outputs_of
 from modelless.types import VariantProfile, WorkerState
 from tests.functional.workers_kit import report_url_of, worker_pool
 from tests.models import digits, linear_model, wide_model
@@ -75,7 +75,7 @@ def payload(variant: VariantProfile, inputs: np.ndarray, deadline_ms: Any = None
     body: dict[str, Any] = {
         "variant_id": variant.variant_id,
         "variant": variant.to_json(),
-        "inputs_npy_b64": encode_array(inputs),
+        "inputs_npy": npy_bytes(inputs),
         "correlation_id": "batching-test",
     }
     if deadline_ms is not None:
@@ -222,9 +222,7 @@ def test_concurrent_callers_share_batches_and_each_gets_its_own_logits(
     assert len(replies) == THREADS * CALLS_PER_THREAD
     direct = Direct(linear_model())
     for reply in replies:
-        np.testing.assert_allclose(
-            decode_array(reply.body["outputs_npy_b64"]), direct.logits(reply.inputs), rtol=1e-5, atol=1e-5
-        )
+        np.testing.assert_allclose(outputs_of(reply.body), direct.logits(reply.inputs), rtol=1e-5, atol=1e-5)
         assert reply.body["batch"] >= len(reply.inputs)  # the batch held at least its own rows
         assert reply.body["load_ms"] == 0
         assert reply.body["queue_ms"] >= 0 and reply.body["inference_ms"] > 0
@@ -260,9 +258,7 @@ def test_the_batch_limit_grows_under_load(pool: LocalWorkerPool, invoker: HttpWo
     assert busy_ms <= elapsed_ms + 100, (busy_ms, elapsed_ms)
     direct = Direct(wide_model())
     for reply in replies:
-        np.testing.assert_allclose(
-            decode_array(reply.body["outputs_npy_b64"]), direct.logits(reply.inputs), rtol=1e-4, atol=1e-4
-        )
+        np.testing.assert_allclose(outputs_of(reply.body), direct.logits(reply.inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_deadline_ms_is_read_and_a_bad_one_refused(pool: LocalWorkerPool, invoker: HttpWorkerInvoker) -> None:
@@ -271,7 +267,7 @@ def test_deadline_ms_is_read_and_a_bad_one_refused(pool: LocalWorkerPool, invoke
 
     late = invoker.invoke(address, payload(LINEAR, inputs, deadline_ms=0), INVOKE_TIMEOUT_S)
     np.testing.assert_allclose(
-        decode_array(late["outputs_npy_b64"]), Direct(linear_model()).logits(inputs), rtol=1e-5, atol=1e-5
+        outputs_of(late), Direct(linear_model()).logits(inputs), rtol=1e-5, atol=1e-5
     )  # no budget left: answered at once, late, never failed for it
     for bad in ("soon", True, [5]):
         with pytest.raises(ModellessError) as raised:
@@ -291,9 +287,7 @@ def test_no_batching_runs_each_invocation_on_its_own(
     direct = Direct(linear_model())
     for reply in replies:
         assert reply.body["batch"] == len(reply.inputs)
-        np.testing.assert_allclose(
-            decode_array(reply.body["outputs_npy_b64"]), direct.logits(reply.inputs), rtol=1e-5, atol=1e-5
-        )
+        np.testing.assert_allclose(outputs_of(reply.body), direct.logits(reply.inputs), rtol=1e-5, atol=1e-5)
     assert stats(child.address)["batching"] == {}
 
 

@@ -20,6 +20,7 @@ from modelless.exceptions import (
     WorkerUnreachableError,
 )
 from modelless.pools.invokers import HttpWorkerInvoker
+from modelless.wire import FRAMES_MEDIA_TYPE, binary_field, decode_frames, encode_frames
 
 
 class Worker(ThreadingHTTPServer):
@@ -42,7 +43,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.server.requests += 1
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        raw = self.rfile.read(int(self.headers["Content-Length"]))
+        # The invoker sends binary frames, as the real worker expects (modelless.wire).
+        framed = self.headers["Content-Type"] == FRAMES_MEDIA_TYPE
+        body = decode_frames(raw) if framed else json.loads(raw)
         reply: dict[str, Any]
         if body.get("fail"):
             status, reply = 404, {"error": {"code": "not_found", "message": "no such variant"}}
@@ -52,9 +56,9 @@ class Handler(BaseHTTPRequestHandler):
             status, reply = 500, {"error": {"code": "worker_error", "message": "ValueError: bad"}}
         else:
             status, reply = 200, {"echo": body["n"], "path": self.path}
-        data = json.dumps(reply).encode()
+        data = encode_frames(reply) if framed else json.dumps(reply).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", FRAMES_MEDIA_TYPE if framed else "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -87,6 +91,29 @@ def test_replies_come_back_over_one_kept_alive_connection(worker: Worker, invoke
         assert invoker.invoke(address(worker), {"n": n}, 5.0) == {"echo": n, "path": "/invoke"}
     assert worker.requests == 5
     assert worker.connections == 1
+
+
+def test_a_worker_that_answers_json_is_read_as_json(invoker: HttpWorkerInvoker) -> None:
+    class JsonOnly(Handler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            data = json.dumps({"outputs_npy_b64": "AAEC"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = Worker(("127.0.0.1", 0), JsonOnly)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        reply = invoker.invoke(address(server), {"inputs_npy": b"\x00\x01"}, 5.0)
+        assert binary_field(reply, "outputs_npy") == b"\x00\x01\x02"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
 
 
 def test_a_worker_error_reply_becomes_the_domain_error(worker: Worker, invoker: HttpWorkerInvoker) -> None:

@@ -36,7 +36,7 @@ from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LAMBDA_TIER_ID, LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
 from modelless.pools.processes import ChildProcess, spawn
-from modelless.runtime import decode_array
+from modelless.runtime import outputs_of
 from modelless.selection import InfaasPolicy
 from modelless.types import (
     InstanceState,
@@ -105,12 +105,8 @@ def test_worker_invocation_returns_correct_logits_and_reports_an_active_instance
     first = invoker.invoke(idle.address, payload(variant, inputs), INVOKE_TIMEOUT_S)
     second = invoker.invoke(idle.address, payload(variant, inputs[:1]), INVOKE_TIMEOUT_S)
 
-    np.testing.assert_allclose(
-        decode_array(first["outputs_npy_b64"]), expected_logits(inputs), rtol=1e-5, atol=1e-5
-    )
-    np.testing.assert_allclose(
-        decode_array(second["outputs_npy_b64"]), expected_logits(inputs[:1]), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(outputs_of(first), expected_logits(inputs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outputs_of(second), expected_logits(inputs[:1]), rtol=1e-5, atol=1e-5)
     assert first["batch"] == 4 and second["batch"] == 1
     assert first["load_ms"] > 0  # the first invocation loaded the variant...
     assert second["load_ms"] == 0  # ...the second found it loaded
@@ -145,9 +141,7 @@ def test_worker_answers_a_missing_artifact_with_not_found_and_keeps_serving(
     assert raised.value.status_code == 404
 
     body = invoker.invoke(state.address, payload(make_variant(), sample_inputs(2)), INVOKE_TIMEOUT_S)
-    np.testing.assert_allclose(
-        decode_array(body["outputs_npy_b64"]), expected_logits(sample_inputs(2)), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(outputs_of(body), expected_logits(sample_inputs(2)), rtol=1e-5, atol=1e-5)
 
 
 def test_failed_load_is_not_reported_as_a_loaded_instance(
@@ -340,9 +334,7 @@ def test_lambda_tier_cold_start_then_warm(tier: LocalLambdaTier) -> None:
     assert warm["init_ms"] == 0
     assert warm["load_ms"] == 0  # the container kept the loaded session
     for body in (cold, warm):
-        np.testing.assert_allclose(
-            decode_array(body["outputs_npy_b64"]), expected_logits(inputs), rtol=1e-5, atol=1e-5
-        )
+        np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
     assert tier.size == 1
     assert tier.cold_starts == 1
 
@@ -373,9 +365,7 @@ def test_lambda_tier_honours_its_concurrency_limit(single_tier: LocalLambdaTier)
     assert sorted(bool(r["cold_start"]) for r in results if r is not None) == [False, True]
     for body, batch in zip(results, inputs, strict=True):
         assert body is not None
-        np.testing.assert_allclose(
-            decode_array(body["outputs_npy_b64"]), expected_logits(batch), rtol=1e-5, atol=1e-5
-        )
+        np.testing.assert_allclose(outputs_of(body), expected_logits(batch), rtol=1e-5, atol=1e-5)
     assert single_tier.size == 1
     assert single_tier.cold_starts == 1
 
@@ -493,9 +483,7 @@ def test_a_request_finishing_after_its_variant_was_unloaded_does_not_bring_it_ba
     request.join(INVOKE_TIMEOUT_S)
 
     [body] = outcome  # the request in flight is still answered...
-    np.testing.assert_allclose(
-        decode_array(body["outputs_npy_b64"]), expected_logits(inputs), rtol=1e-5, atol=1e-5
-    )
+    np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
     after = worker.monitor.snapshot(time.time())  # ...without bringing the instance back
     assert after.instances == ()
     assert after.free_slots == 2
@@ -563,9 +551,7 @@ def test_worker_binds_every_interface_on_a_fixed_port_and_reports_the_advertised
         assert state.address == f"http://127.0.0.1:{port}"
         inputs = sample_inputs(2)
         body = invoker.invoke(state.address, payload(make_variant(), inputs), INVOKE_TIMEOUT_S)
-        np.testing.assert_allclose(
-            decode_array(body["outputs_npy_b64"]), expected_logits(inputs), rtol=1e-5, atol=1e-5
-        )
+        np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
     finally:
         child.stop()
     assert not child.alive()

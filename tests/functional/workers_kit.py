@@ -19,7 +19,7 @@ from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
-from modelless.runtime import encode_array
+from modelless.runtime import npy_bytes
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile, WorkerState
 from tests.models import digits, linear_model
 
@@ -134,7 +134,7 @@ def payload(variant: VariantProfile, inputs: np.ndarray) -> dict[str, Any]:
     return {
         "variant_id": variant.variant_id,
         "variant": variant.to_json(),
-        "inputs_npy_b64": encode_array(inputs),
+        "inputs_npy": npy_bytes(inputs),
         "correlation_id": "functional-test",
     }
 

@@ -19,7 +19,7 @@ from modelless.dispatch import Dispatcher
 from modelless.exceptions import WorkerUnreachableError
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.runtime import encode_array
+from modelless.runtime import npy_bytes
 from modelless.selection import InfaasPolicy
 from modelless.types import (
     InstanceState,
@@ -128,7 +128,7 @@ def queued(variant_id: str, queue_length: int, batch_limit: int = 1) -> Instance
 def reply(outputs: np.ndarray, **extra: Any) -> dict[str, Any]:
     """A compute reply in the runtime's invocation format."""
     return {
-        "outputs_npy_b64": encode_array(outputs),
+        "outputs_npy": npy_bytes(outputs),
         "batch": int(outputs.shape[0]),
         "queue_ms": 0.25,
         "inference_ms": 1.5,

@@ -27,9 +27,19 @@ def test_defaults() -> None:
     assert settings.repository_url == ".modelless/repo"
     assert settings.cache_dir == Path("/tmp/modelless-cache") and isinstance(settings.cache_dir, Path)
     assert settings.admin_key == "" and settings.admin_key_secret == ""
-    assert (settings.max_model_bytes, settings.max_valset_bytes) == (64 * MiB, 32 * MiB)
-    assert settings.register_body_limit == 96 * MiB + 64 * 1024
-    assert (settings.max_batch, settings.profile_runs, settings.profile_cache_ttl_s) == (64, 40, 60.0)
+    assert (settings.max_model_bytes, settings.max_valset_bytes) == (1024 * MiB, 256 * MiB)
+    assert settings.max_register_body_bytes == 0  # derived from the two
+    assert settings.register_body_limit == 1280 * MiB + 64 * 1024
+    assert settings.register_body_setting == "MODELLESS_MAX_MODEL_BYTES + MODELLESS_MAX_VALSET_BYTES"
+    behind_a_proxy = settings.with_overrides(max_register_body_bytes=4 * MiB)
+    assert behind_a_proxy.register_body_limit == 4 * MiB
+    assert behind_a_proxy.register_body_setting == "MODELLESS_MAX_REGISTER_BODY_BYTES"
+    assert (settings.max_batch, settings.profile_runs, settings.profile_cache_ttl_s) == (64, 200, 60.0)
+    # Profiling until stable: the median's 95 % interval within +-3 %, 10..200 runs, 3 s per batch.
+    assert (settings.profile_min_runs, settings.profile_stability_pct) == (10, 3.0)
+    assert (settings.profile_batch_budget_s, settings.profile_latency_ceiling_ms) == (3.0, 2000.0)
+    assert settings.profile_parallelism == (os.cpu_count() or 1)
+    assert settings.accuracy_tolerance == 0.02
     assert settings.offline_buckets == () and settings.offline_watches == "[]"
     assert settings.offline_runner == "auto" and settings.offline_pause_utilisation == 0.40
     assert settings.offline_function == settings.function_name == ""

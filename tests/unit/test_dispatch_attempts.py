@@ -49,7 +49,7 @@ def test_dispatcher_retries_an_unreachable_worker_on_the_lambda_tier() -> None:
     assert len(workers.calls) == 1
     assert len(lambda_tier.calls) == 1
     first, retry = workers.calls[0][1], lambda_tier.calls[0]
-    assert retry["variant"] == first["variant"] and retry["inputs_npy_b64"] == first["inputs_npy_b64"]
+    assert retry["variant"] == first["variant"] and retry["inputs_npy"] == first["inputs_npy"]
     assert retry["correlation_id"] == first["correlation_id"]
     # The budget left is measured again for the retry, not carried over from the first try.
     assert retry["deadline_ms"] < first["deadline_ms"] <= 10

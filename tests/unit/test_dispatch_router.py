@@ -17,7 +17,7 @@ from modelless.exceptions import (
 )
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.runtime import decode_array
+from modelless.runtime import inputs_of
 from modelless.selection import InfaasPolicy
 from modelless.types import Tier, VariantProfile
 from tests.unit.dispatch_kit import (
@@ -55,7 +55,7 @@ def test_dispatcher_sends_a_worker_decision_to_the_worker_address() -> None:
     assert address == "http://w1"
     assert payload["variant_id"] == "v"
     assert VariantProfile.from_json(payload["variant"]) == make_variant("v")
-    np.testing.assert_array_equal(decode_array(payload["inputs_npy_b64"]), batch_of_one())
+    np.testing.assert_array_equal(inputs_of(payload), batch_of_one())
     assert payload["correlation_id"] == "corr-1"
     assert result.tier is Tier.WORKER
     assert result.worker_id == "w1"

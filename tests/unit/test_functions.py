@@ -16,8 +16,9 @@ import pytest
 
 from modelless.query_load import QueryGroup
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import decode_array, encode_array
+from modelless.runtime import npy_bytes, outputs_of
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
+from modelless.wire import to_json_message
 from tests.models import digits, linear_model
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
@@ -95,7 +96,7 @@ def test_cpu_worker_handler_runs_the_variant(monkeypatch: pytest.MonkeyPatch, tm
     event = {
         "variant_id": variant.variant_id,
         "variant": variant.to_json(),
-        "inputs_npy_b64": encode_array(images[:4]),
+        **to_json_message({"inputs_npy": npy_bytes(images[:4])}),
         "correlation_id": "corr-1",
     }
     first = worker.handler(event, FakeContext())
@@ -103,9 +104,9 @@ def test_cpu_worker_handler_runs_the_variant(monkeypatch: pytest.MonkeyPatch, tm
     assert first["statusCode"] == 200
     assert first["load_ms"] > 0  # loaded once per container...
     assert second["load_ms"] == 0  # ...and reused while warm
-    outputs = decode_array(first["outputs_npy_b64"])
+    outputs = outputs_of(first)
     assert outputs.shape == (4, 10)
-    assert np.array_equal(outputs, decode_array(second["outputs_npy_b64"]))
+    assert np.array_equal(outputs, outputs_of(second))
 
 
 def test_cpu_worker_handler_refuses_garbage_with_a_4xx(

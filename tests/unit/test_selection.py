@@ -746,3 +746,111 @@ def test_indexed_policy_decides_exactly_as_the_reference(policy: InfaasPolicy) -
         assert decide(policy.get_variant, policy, query, subset, workers) == decide(
             lambda *a: reference_get_variant(policy, *a), policy, query, list(subset), workers
         )
+
+
+# --- queries held to the registered model: the accuracy tolerance, agreement ------------------
+
+
+def measured(
+    variant_id: str,
+    precision: str,
+    accuracy: float,
+    p99: float,
+    examples: int = 1000,
+    agreement: float | None = None,
+    model: str = "m",
+) -> VariantProfile:
+    """A profile as registration writes it: an accuracy with its Wilson interval."""
+    from variants.stats import wilson_interval
+
+    low, high = wilson_interval(round(accuracy * examples), examples)
+    return dataclasses.replace(
+        make_variant(variant_id, model=model, accuracy=accuracy, p99=p99),
+        precision=precision,
+        accuracy_examples=examples,
+        accuracy_low=low,
+        accuracy_high=high,
+        agreement=agreement,
+    )
+
+
+def vit_like() -> list[VariantProfile]:
+    """The issue's ViT: FP32 at 0.80, INT8 collapsed to 0.16 and faster, INT8 static close to FP32."""
+    return [
+        measured("fp32", "fp32", 0.80, p99=10.0, agreement=1.0),
+        measured("int8-collapsed", "int8", 0.16, p99=3.0, agreement=0.15),
+        measured("int8-static", "int8-static", 0.785, p99=5.0, agreement=0.93),
+    ]
+
+
+@pytest.mark.parametrize(
+    "query", [targets(), targets(model="m"), targets(latency=100), targets(model="m", latency=100)]
+)
+def test_named_model_and_no_target_queries_never_get_a_collapsed_variant(
+    policy: InfaasPolicy, query: QueryTargets
+) -> None:
+    candidates = Candidates(vit_like(), accuracy_tolerance=0.02)
+
+    decision = policy.get_variant(query, candidates, [])
+    from_plain_list = policy.get_variant(query, vit_like(), [])  # the default tolerance, 0.02
+
+    # 0.785 [0.759, 0.810] reaches 0.80 - 0.02: it may serve, and it is the faster of the two.
+    assert decision.variant.variant_id == from_plain_list.variant.variant_id == "int8-static"
+    held = candidates.subset(query.min_accuracy, query.model_name)
+    assert [v.variant_id for v in held] == ["fp32", "int8-static"]
+
+
+def test_an_accuracy_target_is_a_trade_off_the_query_asked_for(policy: InfaasPolicy) -> None:
+    # With a target, the target decides: the collapsed variant meets accuracy >= 0.1.
+    decision = policy.get_variant(targets(accuracy=0.1), Candidates(vit_like()), [])
+    assert decision.variant.variant_id == "int8-collapsed"
+
+
+def test_the_tolerance_is_a_setting(policy: InfaasPolicy) -> None:
+    strict = Candidates(vit_like(), accuracy_tolerance=0.0)
+    # 0.785's interval tops at ~0.810 >= 0.80: still in; with only 100 examples it is wider still.
+    assert policy.get_variant(targets(model="m"), strict, []).variant.variant_id == "int8-static"
+    narrow = [
+        measured("fp32", "fp32", 0.80, p99=10.0, examples=100_000),
+        measured("int8-static", "int8-static", 0.785, p99=5.0, examples=100_000),
+    ]
+    assert policy.get_variant(targets(model="m"), Candidates(narrow, 0.0), []).variant.variant_id == "fp32"
+    assert (
+        policy.get_variant(targets(model="m"), Candidates(narrow, 0.02), []).variant.variant_id
+        == "int8-static"
+    )
+
+
+def test_the_reference_is_per_model_and_comes_from_the_registered_precision() -> None:
+    variants = [
+        *vit_like(),
+        measured("b-fp32", "fp32", 0.60, p99=1.0, model="b"),
+        measured("b-int8", "int8", 0.50, p99=0.5, model="b"),
+        make_variant("hand-made", model="c", accuracy=0.1),  # no measured profile: no reference
+    ]
+    candidates = Candidates(variants, accuracy_tolerance=0.02)
+
+    assert dict(candidates.references()) == {"m": 0.80, "b": 0.60}
+    no_target = [v.variant_id for v in candidates.subset(0.0)]
+    assert no_target == ["fp32", "int8-static", "b-fp32", "hand-made"]
+    # A subset (which may have left FP32 out) holds its variants to the whole list's references.
+    assert candidates.subset(0.85).references() is candidates.references()
+    assert [v.variant_id for v in candidates.subset(0.7).subset(0.0, "m")] == ["fp32", "int8-static"]
+
+
+def test_warmup_is_held_to_the_reference_too(policy: InfaasPolicy) -> None:
+    worker = make_worker("w1")
+    decision = policy.warmup(targets(model="m", latency=100), vit_like(), [worker])
+    assert decision is not None and decision.variant.variant_id != "int8-collapsed"
+
+
+def test_among_equally_fast_variants_the_one_closer_to_the_original_wins(policy: InfaasPolicy) -> None:
+    closer = measured("z-closer", "int8", 0.80, p99=2.0, agreement=0.99)
+    farther = measured("a-farther", "int8", 0.80, p99=2.0, agreement=0.90)
+
+    inactive = policy.get_variant(targets(accuracy=0.5), [farther, closer], [])
+    workers = [make_worker("w1", make_instance("a-farther"), make_instance("z-closer"))]
+    active = policy.get_variant(targets(accuracy=0.5), [farther, closer], workers)
+
+    assert inactive.variant is closer  # (the id alone would pick a-farther)
+    assert active.variant is closer and active.state is InstanceState.ACTIVE

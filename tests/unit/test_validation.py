@@ -1,4 +1,4 @@
-"""Checks on names, model files, validation sets, query inputs and targets."""
+"""Checks on names, model files, validation sets and targets (query inputs: test_inputs.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import pickle
 import zipfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,20 +16,19 @@ import pytest
 from onnx import TensorProto, helper
 
 from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError
-from modelless.types import ModelRecord
+from modelless.types import TensorSpec
 from modelless.validation import (
     ModelSignature,
-    check_batch,
     check_name,
     check_targets,
     inspect_model,
     load_valset,
-    query_inputs,
+    read_valset,
 )
 from tests.models import digits, hidden_model, linear_model, valset_npz
 
 LIMIT = 10 * 1024 * 1024
-DIGITS_SIGNATURE = ModelSignature("input", [1, 8, 8], "float32", 10)
+DIGITS_SIGNATURE = ModelSignature((TensorSpec("input", [1, 8, 8], "float32"),), 10)
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -56,20 +56,6 @@ def npz(**arrays: Any) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return buffer.getvalue()
-
-
-def digits_record(name: str = "digits") -> ModelRecord:
-    return ModelRecord(
-        app_id="app",
-        model_name=name,
-        input_name="input",
-        input_shape=[1, 8, 8],
-        input_dtype="float32",
-        num_classes=10,
-        registration_id="r",
-        artifact_key="apps/app/digits/source.onnx",
-        ready=True,
-    )
 
 
 UNPICKLED: list[str] = []
@@ -133,7 +119,7 @@ def test_inspect_model_flat_input() -> None:
         [tensor("y", ["n", 64])],
         [helper.make_node("Relu", ["x"], ["y"])],
     )
-    assert inspect_model(data, LIMIT) == ModelSignature("x", [64], "float32", 64)
+    assert inspect_model(data, LIMIT) == ModelSignature((TensorSpec("x", [64], "float32"),), 64)
 
 
 @pytest.mark.parametrize(
@@ -164,18 +150,33 @@ def test_inspect_model_refuses_oversized_before_parsing() -> None:
     with pytest.raises(PayloadTooLargeError) as caught:
         inspect_model(data, len(data) - 1)
     assert caught.value.status_code == 413
-    assert caught.value.details == {"limit": len(data) - 1}
+    assert caught.value.details == {"limit": len(data) - 1, "setting": "MODELLESS_MAX_MODEL_BYTES"}
+    assert f"model file exceeds {len(data) - 1} bytes (MODELLESS_MAX_MODEL_BYTES)" in caught.value.message
     assert inspect_model(data, len(data)) == DIGITS_SIGNATURE  # the limit itself is allowed
 
 
-def test_inspect_model_refuses_two_inputs() -> None:
+def test_inspect_model_reads_every_input_with_its_dtype() -> None:
     data = onnx_bytes(
-        [tensor("a", ["n", 4]), tensor("b", ["n", 4])],
-        [tensor("y", ["n", 4])],
-        [helper.make_node("Add", ["a", "b"], ["y"])],
+        [tensor("ids", ["n", 6], TensorProto.INT64), tensor("mask", ["n", 6], TensorProto.INT32)],
+        [tensor("y", ["n", 6])],
+        [
+            helper.make_node("Cast", ["ids"], ["ids_f"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
+            helper.make_node("Add", ["ids_f", "mask_f"], ["y"]),
+        ],
     )
-    with pytest.raises(InvalidModelError, match="exactly one input and one output; it has 2 and 1"):
-        inspect_model(data, LIMIT)
+    signature = inspect_model(data, LIMIT)
+    assert signature.inputs == (TensorSpec("ids", [6], "int64"), TensorSpec("mask", [6], "int32"))
+    assert (signature.num_classes, signature.input_name, signature.input_dtype) == (6, "ids", "int64")
+
+
+def test_inspect_model_reads_a_float16_input() -> None:
+    data = onnx_bytes(
+        [tensor("x", ["n", 4], TensorProto.FLOAT16)],
+        [tensor("y", ["n", 4])],
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+    )
+    assert inspect_model(data, LIMIT).inputs == (TensorSpec("x", [4], "float16"),)
 
 
 def test_inspect_model_refuses_two_outputs() -> None:
@@ -184,17 +185,30 @@ def test_inspect_model_refuses_two_outputs() -> None:
         [tensor("y", ["n", 4]), tensor("z", ["n", 4])],
         [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["x"], ["z"])],
     )
-    with pytest.raises(InvalidModelError, match="it has 1 and 2"):
+    with pytest.raises(InvalidModelError, match=r"exactly one output .*it has 1 inputs and 2 outputs"):
         inspect_model(data, LIMIT)
 
 
-def test_inspect_model_refuses_an_int64_input() -> None:
+@pytest.mark.parametrize(("elem_type", "name"), [(TensorProto.BOOL, "BOOL"), (TensorProto.DOUBLE, "DOUBLE")])
+def test_inspect_model_refuses_an_input_of_another_type(elem_type: int, name: str) -> None:
     data = onnx_bytes(
-        [tensor("x", ["n", 4], TensorProto.INT64)],
+        [tensor("x", ["n", 4], elem_type)],
         [tensor("y", ["n", 4])],
         [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
     )
-    with pytest.raises(InvalidModelError, match="float32; it is INT64"):
+    with pytest.raises(InvalidModelError, match=f"'x' is {name}; inputs must be float32, float16, int64"):
+        inspect_model(data, LIMIT)
+
+
+def test_inspect_model_refuses_a_batch_fixed_on_some_inputs_only() -> None:
+    data = onnx_bytes(
+        [tensor("a", [1, 4]), tensor("b", ["n", 4])],
+        [tensor("y", ["n", 4])],
+        [helper.make_node("Add", ["a", "b"], ["y"])],
+    )
+    with pytest.raises(
+        InvalidModelError, match="'a' fixes the batch dimension at 1; re-export with dynamic_axes"
+    ):
         inspect_model(data, LIMIT)
 
 
@@ -224,7 +238,7 @@ def test_inspect_model_refuses_an_input_without_fixed_feature_dims(in_shape: lis
         [tensor("y", ["n", 10])],
         [helper.make_node("Identity", ["x"], ["y"])],
     )
-    with pytest.raises(InvalidModelError, match=r"input must be \[batch, fixed dims"):
+    with pytest.raises(InvalidModelError, match=r"'x' must be \[batch, fixed dims"):
         inspect_model(data, LIMIT)
 
 
@@ -266,7 +280,7 @@ def good_inputs(n: int = 4) -> np.ndarray:
         ({"inputs": good_inputs(), "labels": np.zeros((4, 1), np.int64)}, r"labels have shape \[4, 1\]"),
         ({"inputs": good_inputs(), "labels": np.array([0, 1, 2, 10])}, r"labels must lie in \[0, 10\)"),
         ({"inputs": good_inputs(), "labels": np.array([0, -1, 2, 3])}, r"labels must lie in \[0, 10\)"),
-        ({"inputs": good_inputs(), "labels": np.array([0.0, 1.0, 2.0, 3.0])}, "labels integers"),
+        ({"inputs": good_inputs(), "labels": np.array([0.0, 1.0, 2.0, 3.0])}, "labels must be integers"),
         ({"inputs": np.array(["a"] * 4), "labels": np.zeros(4, np.int64)}, "numeric"),
         ({"inputs": good_inputs(0), "labels": np.zeros(0, np.int64)}, "empty"),
     ],
@@ -374,111 +388,76 @@ def test_load_valset_refuses_scalar_inputs() -> None:
         load_valset(data, DIGITS_SIGNATURE, LIMIT)
 
 
-# --- query_inputs / check_batch ---------------------------------------------------------------
+# --- validation sets of models with several inputs, or other dtypes ---------------------------
+
+TWO_INPUTS = ModelSignature((TensorSpec("ids", [6], "int64"), TensorSpec("mask", [6], "int32")), 3)
 
 
-def test_query_inputs_single_input_gets_a_batch_dimension() -> None:
-    image = digits()[0][0]  # [1, 8, 8]
-    array = query_inputs(image.tolist(), digits_record(), max_batch=8)
-    assert array.shape == (1, 1, 8, 8)
-    assert array.dtype == np.float32
-    np.testing.assert_array_equal(array[0], image)
+def token_arrays(n: int = 4) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "ids": rng.integers(0, 50, (n, 6)),
+        "mask": np.ones((n, 6), dtype=np.int64),
+        "labels": np.arange(n) % 3,
+    }
 
 
-def test_query_inputs_batch_kept_as_is() -> None:
-    batch = digits()[0][:5]
-    array = query_inputs(batch.tolist(), digits_record(), max_batch=8)
-    assert array.shape == (5, 1, 8, 8)
-    np.testing.assert_array_equal(array, batch)
+def test_load_valset_of_two_inputs_gives_a_structured_batch_in_their_dtypes() -> None:
+    arrays = token_arrays()
+    batch, labels = load_valset(npz(**arrays), TWO_INPUTS, LIMIT)
+
+    assert batch.dtype.names == ("ids", "mask") and batch.shape == (4,)
+    assert batch["ids"].dtype == np.int64 and batch["mask"].dtype == np.int32
+    np.testing.assert_array_equal(batch["ids"], arrays["ids"])
+    np.testing.assert_array_equal(batch["mask"], arrays["mask"])
+    assert labels.tolist() == [0, 1, 2, 0]
 
 
-def test_query_inputs_integers_and_booleans_are_numbers() -> None:
-    ints = np.ones((1, 8, 8), dtype=int).tolist()
-    assert query_inputs(ints, digits_record(), 8).dtype == np.float32
-    assert check_batch(np.ones((2, 1, 8, 8), dtype=bool), digits_record(), 8).shape == (2, 1, 8, 8)
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [
-        np.zeros((8, 8)).tolist(),
-        np.zeros((2, 8, 8)).tolist(),
-        np.zeros((2, 1, 8, 9)).tolist(),
-        np.zeros((2, 1, 1, 8, 8)).tolist(),
-        [1.0, 2.0, 3.0],
-        5.0,
-    ],
-    ids=["no-channel", "batch-no-channel", "wrong-width", "extra-dim", "flat", "scalar"],
-)
-def test_query_inputs_refuses_wrong_shapes(raw: Any) -> None:
-    with pytest.raises(InvalidInputError, match=r"takes \[1, 8, 8\] or \[batch, 1, 8, 8\]") as caught:
-        query_inputs(raw, digits_record(), 8)
-    assert caught.value.status_code == 400
-    assert caught.value.details["expected"] == [1, 8, 8]
+def test_valset_of_one_input_may_name_it() -> None:
+    inputs, labels = load_valset(
+        npz(input=good_inputs(), labels=np.zeros(4, np.int64)), DIGITS_SIGNATURE, LIMIT
+    )
+    assert inputs.shape == (4, 1, 8, 8) and labels.shape == (4,)
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("change", "message"),
     [
-        [[["a"] * 8] * 8],
-        [[[1.0] * 7 + ["x"]] * 8],
-        [[[1.0] * 8] * 7 + [[1.0] * 7]],  # ragged
-        {"not": "an array"},
-        [[[None] * 8] * 8],
+        ({"mask": None}, r"lacks \['mask'\]"),
+        ({"ids": np.full((4, 6), 1.5)}, r"'ids' must be integers \(int64 for input 'ids'\); got float64"),
+        ({"mask": np.ones((4, 7), np.int64)}, r"'mask' has shape \[4, 7\]; input 'mask' takes \[N, 6\]"),
+        ({"mask": np.ones((3, 6), np.int64)}, "different numbers of examples"),
+        ({"mask": np.full((4, 6), 2**40)}, "beyond int32's range"),
+        ({"labels": np.array([0, 1, 2, 3])}, r"labels must lie in \[0, 3\)"),
     ],
-    ids=["strings", "one-string", "ragged", "object", "nulls"],
+    ids=["missing-input", "float-token-ids", "wrong-shape", "row-counts", "overflow", "label-range"],
 )
-def test_query_inputs_refuses_non_numeric(raw: Any) -> None:
-    with pytest.raises(InvalidInputError) as caught:
-        query_inputs(raw, digits_record(), 8)
-    assert caught.value.status_code == 400
+def test_load_valset_of_two_inputs_refuses(change: dict[str, Any], message: str) -> None:
+    arrays = {**token_arrays(), **change}
+    data = npz(**{name: array for name, array in arrays.items() if array is not None})
+    with pytest.raises(InvalidModelError, match=message):
+        load_valset(data, TWO_INPUTS, LIMIT)
 
 
-def test_check_batch_refuses_string_dtype() -> None:
-    with pytest.raises(InvalidInputError, match="numeric array; got <U1"):
-        check_batch(np.full((1, 1, 8, 8), "a"), digits_record(), 8)
+def test_load_valset_refuses_values_a_float16_input_cannot_hold() -> None:
+    signature = ModelSignature((TensorSpec("x", [2], "float16"),), 2)
+    ok, _ = load_valset(npz(inputs=np.ones((2, 2)), labels=np.array([0, 1])), signature, LIMIT)
+    assert ok.dtype == np.float16
+    with pytest.raises(InvalidModelError, match="beyond float16's range"):
+        load_valset(npz(inputs=np.full((2, 2), 1e6), labels=np.array([0, 1])), signature, LIMIT)
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_query_inputs_refuses_nan_and_infinity(bad: float) -> None:
-    raw = np.zeros((2, 1, 8, 8))
-    raw[1, 0, 4, 4] = bad
-    with pytest.raises(InvalidInputError, match="NaN or infinity"):
-        query_inputs(raw.tolist(), digits_record(), 8)
+def test_a_valset_is_rewritten_in_its_canonical_form_only_when_it_is_not_in_it(tmp_path: Path) -> None:
+    canonical = read_valset(valset_npz(20), DIGITS_SIGNATURE, LIMIT)
+    named = read_valset(npz(input=good_inputs(), labels=np.zeros(4, np.int64)), DIGITS_SIGNATURE, LIMIT)
+    tokens = read_valset(npz(**token_arrays()), TWO_INPUTS, LIMIT)  # mask sent as int64, not int32
+    assert canonical.canonical and not named.canonical and not tokens.canonical
 
-
-def test_query_inputs_refuses_an_empty_batch() -> None:
-    with pytest.raises(InvalidInputError, match="empty batch"):
-        check_batch(np.zeros((0, 1, 8, 8)), digits_record(), 8)
-    with pytest.raises(InvalidInputError):
-        query_inputs([], digits_record(), 8)
-
-
-def test_query_inputs_refuses_a_batch_over_max_batch() -> None:
-    assert query_inputs(np.zeros((8, 1, 8, 8)).tolist(), digits_record(), 8).shape[0] == 8
-    with pytest.raises(InvalidInputError, match="batch of 9 exceeds the limit of 8") as caught:
-        query_inputs(np.zeros((9, 1, 8, 8)).tolist(), digits_record(), 8)
-    assert caught.value.details == {"limit": 8}
-
-
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
-def test_query_inputs_refuses_values_that_overflow_float32() -> None:
-    raw = np.zeros((1, 1, 8, 8))
-    raw[0, 0, 0, 0] = 1e39
-    with pytest.raises(InvalidInputError):
-        query_inputs(raw.tolist(), digits_record(), 8)
-
-
-def test_query_inputs_refuses_huge_integers() -> None:
-    raw: list[Any] = np.zeros((1, 8, 8)).tolist()
-    raw[0][0][0] = 10**400
-    with pytest.raises(InvalidInputError):
-        query_inputs(raw, digits_record(), 8)
-
-
-def test_query_inputs_refuses_numeric_strings() -> None:
-    with pytest.raises(InvalidInputError):
-        query_inputs([[["0.5"] * 8] * 8], digits_record(), 8)
+    tokens.save(tmp_path / "tokens.npz", TWO_INPUTS)
+    again = read_valset(tmp_path / "tokens.npz", TWO_INPUTS, LIMIT)
+    assert again.canonical
+    with np.load(tmp_path / "tokens.npz") as saved:
+        assert sorted(saved.files) == ["ids", "labels", "mask"] and saved["mask"].dtype == np.int32
 
 
 # --- check_targets ----------------------------------------------------------------------------

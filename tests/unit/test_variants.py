@@ -28,9 +28,10 @@ from modelless.pools.catalog import (
 from modelless.types import VariantProfile
 from tests.models import linear_model, valset_npz
 from variants.generator import build_artifacts
-from variants.profiler import max_useful_batch, measure, top_k_correct
-from variants.pruning import dominates, prune_dominated
+from variants.profiler import TimingPlan, max_useful_batch, measure_accuracy, measure_latency, top_k_correct
+from variants.pruning import accuracy_tie, dominates, prune_dominated, prune_variants
 from variants.recipes import ACCURACY_METRICS, OPT_LEVEL_NAMES, PRECISIONS, Recipe
+from variants.stats import wilson_interval
 
 # --- recipes ----------------------------------------------------------------------------------
 
@@ -144,13 +145,19 @@ def profile(
     load_ms: float = 10.0,
     price: float = 1e-5,
     request_price: float = 0.0,
+    precision: str = "fp32",
+    examples: int = 0,
+    agreement: float | None = None,
 ) -> VariantProfile:
+    """A hand-made profile; ``examples`` > 0 gives its accuracy the Wilson interval that many
+    validation examples would."""
+    low, high = wilson_interval(round(accuracy * examples), examples) if examples else (0.0, 1.0)
     return VariantProfile(
         variant_id=f"app/{model}/{name}/{pool}",
         app_id="app",
         model_name=model,
         pool=pool,
-        precision="fp32",
+        precision=precision,
         opt_level="all",
         threads=1,
         artifact_key=f"apps/app/{model}/variants/{name}.onnx",
@@ -164,6 +171,10 @@ def profile(
         request_price=request_price,
         hardware="test",
         measured_on_target=True,
+        accuracy_examples=examples,
+        accuracy_low=low,
+        accuracy_high=high,
+        agreement=agreement,
     )
 
 
@@ -344,6 +355,80 @@ def test_kept_are_exactly_the_undominated_on_random_noisy_profiles() -> None:
             assert any(dominates(winner, loser) for winner in kept)
 
 
+# --- pruning with measured accuracies: intervals, agreement, what is always kept, reasons ------
+
+
+def test_accuracies_inside_their_intervals_tie_and_agreement_breaks_the_tie() -> None:
+    # 75 examples (as in the issue): 0.88 and 0.91 are the same accuracy, measured twice.
+    faithful = profile("fp32_all", {1: 2.0, 8: 8.0}, accuracy=0.88, examples=75, agreement=1.0)
+    quantised = profile(
+        "int8_all", {1: 1.0, 8: 4.0}, accuracy=0.91, examples=75, agreement=0.90, precision="int8"
+    )
+    assert accuracy_tie(faithful, quantised)
+    # The INT8 one is faster and "more accurate" by noise: on agreement, it is the less faithful.
+    assert not dominates(quantised, faithful)
+    assert not dominates(faithful, quantised)  # slower: both stay
+
+    twin = profile(
+        "int8_extended", {1: 1.0, 8: 4.0}, accuracy=0.92, examples=75, agreement=0.85, precision="int8"
+    )
+    assert dominates(quantised, twin)  # same speed, a tie in accuracy, agrees more with the original
+    assert not dominates(twin, quantised)
+
+
+def test_a_difference_beyond_the_intervals_is_not_a_tie() -> None:
+    accurate = profile("fp32_all", {1: 2.0}, accuracy=0.92, examples=5000, agreement=1.0)
+    collapsed = profile("int8_all", {1: 1.0}, accuracy=0.16, examples=5000, agreement=0.15, precision="int8")
+    assert not accuracy_tie(accurate, collapsed)
+    assert not dominates(collapsed, accurate)
+
+
+def test_pruning_keeps_fp32_and_one_variant_per_precision_and_explains_every_prune() -> None:
+    # On this pool INT8 is both faster and (by noise) more accurate than every FP32 level, and
+    # FP16 is slower than everything: dominance alone would drop all of FP32 and FP16.
+    def measured(name: str, precision: str, p50: float, accuracy: float, agreement: float) -> VariantProfile:
+        return profile(
+            name,
+            {1: p50 * 2, 8: p50 * 8},
+            precision=precision,
+            accuracy=accuracy,
+            examples=150,
+            agreement=agreement,
+        )
+
+    variants = [
+        measured("fp32_all", "fp32", 2.0, 0.90, 1.0),
+        measured("fp32_basic", "fp32", 2.6, 0.90, 1.0),
+        measured("int8_all", "int8", 1.0, 0.90, 1.0),
+        measured("int8_basic", "int8", 1.3, 0.90, 1.0),
+        measured("fp16_basic", "fp16", 5.0, 0.90, 1.0),
+    ]
+
+    result = prune_variants(variants)
+
+    kept = {v.variant_id.split("/")[2] for v in result.kept}
+    assert kept == {"int8_all", "fp32_all", "fp16_basic"}  # the best of each precision
+    assert {v.variant_id.split("/")[2] for v in result.pruned} == {"fp32_basic", "int8_basic"}
+    assert set(result.reasons) == {v.variant_id for v in result.pruned}
+    reason = result.reasons["app/m/int8_basic/cpu"]
+    assert reason.startswith("dominated by int8_all/cpu: ")
+    assert "0.900 [" in reason and "agreement 1.000" in reason and "not faster at batch 1/8" in reason
+    for loser in result.pruned:
+        winner_name = result.reasons[loser.variant_id].split(":")[0].removeprefix("dominated by ")
+        winner = next(v for v in result.kept if v.variant_id.endswith(winner_name))
+        assert dominates(winner, loser)
+    assert (result.kept, result.pruned) == tuple(map(list, prune_dominated(variants)))
+
+
+def test_pruning_never_leaves_a_pool_without_the_registered_precision() -> None:
+    for pool in ("cpu", "lambda-cpu"):
+        fp32 = profile("fp32_all", {1: 4.0}, pool=pool, accuracy=0.80, precision="fp32")
+        int8 = profile("int8_all", {1: 1.0}, pool=pool, accuracy=0.85, precision="int8")  # beats it outright
+        assert dominates(int8, fp32)
+        result = prune_variants([fp32, int8])
+        assert ids(result.kept) == ids([fp32, int8]) and result.pruned == [] and result.reasons == {}
+
+
 # --- the pool catalog's placements -------------------------------------------------------------
 
 
@@ -468,23 +553,41 @@ def test_measure_in_process_scores_only_examples_past_the_calibration(tmp_path: 
     valset = tmp_path / "valset.npz"
     valset.write_bytes(valset_npz())
     inputs, labels = valset_arrays()
-    batches = (1, 2, 4)
 
-    top1 = measure(artifact, valset, threads=1, runs=5, accuracy_from=50, batch_sizes=batches)
-    top5 = measure(artifact, valset, threads=1, runs=5, metric="top5", accuracy_from=50, batch_sizes=batches)
+    top1 = measure_accuracy(artifact, valset, threads=1, accuracy_from=50, batch_sizes=(1, 64))
+    top5 = measure_accuracy(artifact, valset, threads=1, metric="top5", accuracy_from=50)
 
     assert top1.accuracy_examples == top5.accuracy_examples == 150
     assert top1.accuracy == pytest.approx(accuracy_of(artifact, inputs[50:], labels[50:]), abs=1e-6)
     assert top1.accuracy != pytest.approx(accuracy_of(artifact, inputs, labels), abs=1e-6)
+    assert set(top1.accuracy_by_batch) == {1, 64} and set(top5.accuracy_by_batch) == {1}
+    assert top1.accuracy == min(top1.accuracy_by_batch.values())
+    assert top1.accuracy_low < top1.accuracy < top1.accuracy_high
     assert (top1.accuracy_metric, top5.accuracy_metric) == ("top1", "top5")
     assert top5.accuracy > top1.accuracy
-    for measured in (top1, top5):
-        assert set(measured.latency_p50_ms) == set(measured.latency_p99_ms) == set(batches)
-        assert all(measured.latency_p99_ms[b] >= measured.latency_p50_ms[b] > 0 for b in batches)
-        assert measured.saturation_qps == max(measured.throughput_qps.values()) > 0
-        assert measured.max_useful_batch == max_useful_batch(measured.throughput_qps)
-        assert measured.runs_per_batch == dict.fromkeys(batches, 5)
-        assert measured.size_bytes == len(linear_model())
-        assert "1 intra-op thread" in measured.hardware
+    assert top1.agreement is None  # no reference answers given
     with pytest.raises(ValueError, match="unknown accuracy metric"):
-        measure(artifact, valset, threads=1, runs=5, metric="top3", batch_sizes=(1,))
+        measure_accuracy(artifact, valset, threads=1, metric="top3")
+
+
+def test_measure_latency_in_process_records_runs_and_stops_at_the_request_cap(tmp_path: Path) -> None:
+    artifact = tmp_path / "model.onnx"
+    artifact.write_bytes(linear_model())
+    valset = tmp_path / "valset.npz"
+    valset.write_bytes(valset_npz())
+    plan = TimingPlan(max_runs=12, min_runs=5, batch_budget_s=0.2, max_batch=6)
+
+    measured = measure_latency(artifact, valset, threads=1, plan=plan)
+
+    batches = set(measured.latency_p50_ms)
+    assert batches <= {1, 2, 4, 6} and {1, 6} <= batches  # doubling below the cap, then the cap
+    assert set(measured.latency_p99_ms) == batches == set(measured.runs_per_batch)
+    assert all(measured.latency_p99_ms[b] >= measured.latency_p50_ms[b] > 0 for b in batches)
+    assert 5 <= measured.runs_per_batch[1] <= 12  # until stable; sizes past the gains: 3 runs
+    assert all(3 <= runs <= 12 for runs in measured.runs_per_batch.values())
+    assert measured.profile_runs == sum(measured.runs_per_batch.values())
+    assert measured.p50_ci_pct == measured.ci_pct_per_batch[1] >= 0
+    assert measured.saturation_qps == max(measured.throughput_qps.values()) > 0
+    assert measured.max_useful_batch == max_useful_batch(measured.throughput_qps)
+    assert measured.size_bytes == len(linear_model())
+    assert "1 intra-op thread" in measured.hardware

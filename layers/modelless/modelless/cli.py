@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
-from modelless.client import Client, ModellessClientError
+from modelless.client import Client, ModellessClientError, RegistrationWaitTimeout
 from modelless.config import get_client_settings
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -63,12 +67,164 @@ def _client(args: argparse.Namespace) -> Client:
     return Client(url, api_key=api_key, admin_key=admin_key)
 
 
+def format_duration(seconds: float) -> str:
+    """``45s``, ``2m05s``, ``1h02m``."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
 def progress_bar(status: dict[str, Any], width: int = 30) -> str:
+    """``[######......] 4/20 profiling, first servable after 14s, ETA 2m05s: <message>`` (the
+    servable and ETA parts where the registration reports them)."""
     total = max(1, int(status.get("total") or 0))
     done = int(status.get("done") or 0)
     filled = int(width * done / total) if status.get("total") else 0
     bar = f"[{'#' * filled}{'.' * (width - filled)}]"
-    return f"{bar} {done}/{status.get('total') or '?'} {status['status']}: {status['message']}"
+    state = str(status["status"])
+    first, created = status.get("firstServableAt"), status.get("createdAt")
+    if first is not None and created:
+        state += f", first servable after {format_duration(float(first) - float(created))}"
+    eta = status.get("etaSeconds")
+    if eta is not None and status["status"] not in {"ready", "failed"}:
+        state += f", ETA {format_duration(float(eta))}"
+    return f"{bar} {done}/{status.get('total') or '?'} {state}: {status['message']}"
+
+
+VARIANT_STATES = ("ready", "profiling", "failed", "pruned", "queued")
+
+
+def variant_states(status: dict[str, Any]) -> str:
+    """Each recipe's state, grouped: ``ready: fp32_all int8_all | profiling: int8_basic |
+    queued: 6`` (queued ones counted, not named); empty when the reply has none."""
+    by_state: dict[str, list[str]] = {}
+    for recipe, state in sorted((status.get("variants") or {}).items()):
+        by_state.setdefault(str(state), []).append(recipe)
+    parts = []
+    for state in [*VARIANT_STATES, *sorted(set(by_state) - set(VARIANT_STATES))]:
+        recipes = by_state.get(state)
+        if recipes:
+            parts.append(f"{state}: {len(recipes)}" if state == "queued" else f"{state}: {' '.join(recipes)}")
+    return " | ".join(parts)
+
+
+class RegistrationDisplay:
+    """A registration's progress on a stream (stderr): on a terminal, the bar and the variants'
+    states redrawn in place; elsewhere (a file, a pipe, CI logs) a line whenever they change, and
+    at least every ``every_s`` seconds while nothing does."""
+
+    def __init__(
+        self,
+        stream: Any,
+        live: bool,
+        every_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        columns: int | None = None,
+    ) -> None:
+        self._stream = stream
+        self._live = live
+        self._every_s = every_s
+        self._clock = clock
+        self._columns = columns or shutil.get_terminal_size((120, 24)).columns
+        self._drawn = 0  # lines on screen (live)
+        self._shown: list[str] = []
+        self._shown_at = -math.inf
+
+    def draw(self, status: dict[str, Any]) -> None:
+        lines = [progress_bar(status)]
+        states = variant_states(status)
+        if states:
+            lines.append("  " + states)
+        if self._live:
+            # Back to the first line drawn, then each line cleared and rewritten, cut to the width.
+            up = "\x1b[1A" * (self._drawn - 1) if self._drawn > 1 else ""
+            text = "\n".join("\x1b[2K" + line[: self._columns - 1] for line in lines)
+            self._stream.write(("\r" + up if self._drawn else "") + text)
+            self._stream.flush()
+            self._drawn = len(lines)
+            return
+        now = self._clock()
+        if lines != self._shown or now - self._shown_at >= self._every_s:
+            self._stream.write("\n".join(lines) + "\n")
+            self._stream.flush()
+            self._shown, self._shown_at = lines, now
+
+    def close(self) -> None:
+        """End the live block with a newline, so that what follows starts on its own line."""
+        if self._live and self._drawn:
+            self._stream.write("\n")
+            self._stream.flush()
+            self._drawn = 0
+
+
+def registration_outcome(final: dict[str, Any], name: str) -> str:
+    """The one line a finished registration ends with."""
+    if final["status"] == "failed":
+        return f"registration of {name} failed: {final['message']}"
+    created, first, finished = final.get("createdAt"), final.get("firstServableAt"), final.get("finishedAt")
+    timing = ""
+    if created and first is not None and finished is not None:
+        timing = (
+            f"; first servable after {format_duration(float(first) - float(created))}, "
+            f"all profiled after {format_duration(float(finished) - float(created))}"
+        )
+    return (
+        f"{name} ready: {len(final['variantIds'])} variants servable "
+        f"({final['pruned']} pruned as dominated){timing}"
+    )
+
+
+# Exit codes of `modelless register`.
+EXIT_READY, EXIT_FAILED, EXIT_GAVE_UP = 0, 1, 2
+
+
+def _end(code: int, message: str) -> None:
+    print(message, file=sys.stderr if code else sys.stdout, flush=True)
+    if code:
+        raise SystemExit(code)
+
+
+def follow_registration(
+    client: Client,
+    registration_id: str,
+    name: str,
+    app: str,
+    stall_timeout_s: float | None = 900.0,
+    max_wait_s: float | None = None,
+) -> None:
+    """Wait for a registration with a progress display on stderr; end with one line and the
+    exit code: 0 ready, 1 failed, 2 gave up waiting (the registration goes on server-side)."""
+    display = RegistrationDisplay(sys.stderr, sys.stderr.isatty())
+    check = f"check on it with: modelless status {registration_id} --app {app}"
+    try:
+        final = client.wait_for_registration(
+            registration_id,
+            timeout_s=stall_timeout_s,
+            on_progress=display.draw,
+            max_wait_s=max_wait_s,
+        )
+    except RegistrationWaitTimeout as error:
+        display.close()
+        _end(EXIT_GAVE_UP, f"gave up waiting: {error}; the registration goes on server-side ({check})")
+        return
+    except KeyboardInterrupt:
+        display.close()
+        _end(EXIT_GAVE_UP, f"stopped waiting; the registration goes on server-side ({check})")
+        return
+    except ModellessClientError as error:
+        display.close()
+        _end(EXIT_GAVE_UP, f"gave up waiting: the server answered {error}; {check}")
+        return
+    except httpx.HTTPError as error:
+        display.close()
+        _end(EXIT_GAVE_UP, f"gave up waiting: lost the server ({type(error).__name__}: {error}); {check}")
+        return
+    display.close()
+    outcome = registration_outcome(final, name)
+    _end(EXIT_FAILED if final["status"] == "failed" else EXIT_READY, outcome)
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -166,11 +322,24 @@ def registration_lines(registrations: list[dict[str, Any]]) -> list[str]:
 
 
 def load_inputs(path: Path) -> Any:
-    if path.suffix == ".json":
+    """A query's inputs from a file, as ``Client.online_query`` sends them: ``.npy`` the array;
+    ``.npz`` its ``inputs`` array (a validation set's), else its arrays by name (one per input of
+    a model with several); ``.json`` the value (nested lists, or an object of them by input name);
+    ``.png``/``.jpg``/``.jpeg`` the file's bytes (the server decodes them with the model's
+    preprocessing recipe)."""
+    suffix = path.suffix.lower()
+    if suffix == ".json":
         return json.loads(path.read_text())
+    if suffix in {".png", ".jpg", ".jpeg"}:
+        return path.read_bytes()
+    if suffix not in {".npy", ".npz"}:
+        raise SystemExit(f"error: --inputs {path}: use a .npy, .npz, .json, .png or .jpg file")
     loaded = np.load(path, allow_pickle=False)
     if isinstance(loaded, np.lib.npyio.NpzFile):
-        return loaded["inputs"]
+        with loaded as archive:
+            if "inputs" in archive.files:
+                return archive["inputs"]
+            return {name: archive[name] for name in archive.files}
     return loaded
 
 
@@ -182,20 +351,38 @@ def _cmd_create_app(args: argparse.Namespace) -> None:
 
 
 def _cmd_register(args: argparse.Namespace) -> None:
+    """Register, then follow the registration to its end (``follow_registration``). A refusal
+    or an unreachable server ends with one line and exit code 1, never a traceback."""
+    try:
+        _register(args)
+    except ModellessClientError as error:
+        details = "".join(f"; {key}: {value}" for key, value in error.details.items())
+        _end(EXIT_FAILED, f"registration refused: {error}{details}")
+    except httpx.HTTPError as error:
+        _end(
+            EXIT_FAILED,
+            f"registration not sent: could not reach the server ({type(error).__name__}: {error})",
+        )
+    except OSError as error:  # a model or validation file that cannot be read
+        _end(EXIT_FAILED, f"registration not sent: {error}")
+
+
+def _register(args: argparse.Namespace) -> None:
     with _client(args) as client:
-        reply = client.register_model(args.name, Path(args.model), Path(args.valset), args.app, args.metric)
+        reply = client.register_model(
+            args.name,
+            _file_or_uri(args.model, "--model"),
+            _file_or_uri(args.valset, "--valset"),
+            args.app,
+            args.metric,
+            preprocessing=_recipe(args.preprocessing),
+            model_data=_file_or_uri(args.model_data, "--model-data") if args.model_data else None,
+        )
         print(f"registration {reply['registrationId']} accepted")
         if args.no_wait:
             return
-        final = client.wait_for_registration(
-            reply["registrationId"],
-            on_progress=lambda s: print("\r" + progress_bar(s)[:120].ljust(120), end="", flush=True),
-        )
-        print()
-        if final["status"] == "failed":
-            raise SystemExit(f"registration failed: {final['message']}")
-        print(
-            f"{args.name}: {len(final['variantIds'])} variants ready ({final['pruned']} pruned as dominated)"
+        follow_registration(
+            client, reply["registrationId"], args.name, args.app, args.stall_timeout, args.max_wait
         )
 
 
@@ -208,7 +395,12 @@ def _cmd_query(args: argparse.Namespace) -> None:
     inputs = load_inputs(Path(args.inputs))
     with _client(args) as client:
         reply = client.online_query(
-            inputs, args.app, latency=args.latency, accuracy=args.accuracy, model_name=args.model
+            inputs,
+            args.app,
+            latency=args.latency,
+            accuracy=args.accuracy,
+            model_name=args.model,
+            encoding=args.encoding,
         )
     if args.json:
         print(json.dumps(reply, indent=2))
@@ -219,7 +411,9 @@ def _cmd_query(args: argparse.Namespace) -> None:
         f"on {reply['tier']} {reply['worker'] or ''}"
     )
     print(f"why:         {reply['reason']}")
-    print("timings ms:  " + ", ".join(f"{k[:-3]}={v}" for k, v in reply["timingsMs"].items()))
+    print("timings ms:  " + ", ".join(f"{k.removesuffix('_ms')}={v}" for k, v in reply["timingsMs"].items()))
+    client_timings = reply.get("clientTimingsMs", {})
+    print("client ms:   " + ", ".join(f"{k}={v}" for k, v in client_timings.items()))
 
 
 def _cmd_variants(args: argparse.Namespace) -> None:
@@ -340,6 +534,29 @@ def _cmd_workers(args: argparse.Namespace) -> None:
             )
 
 
+def _file_or_uri(value: str, option: str) -> Path | str:
+    """A registration file: an s3:// URI the server reads itself, or a local file streamed to it."""
+    if value.startswith("s3://"):
+        return value
+    path = Path(value)
+    if not path.is_file():
+        raise SystemExit(f"error: {option} {value}: no such file")
+    return path
+
+
+def _recipe(value: str | None) -> dict[str, Any] | None:
+    """The preprocessing recipe in a JSON file (docs/REGISTRATION.md), None when not given."""
+    if value is None:
+        return None
+    try:
+        recipe = json.loads(Path(value).read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"error: --preprocessing {value}: {error}") from None
+    if not isinstance(recipe, dict):
+        raise SystemExit(f"error: --preprocessing {value}: must hold a JSON object")
+    return recipe
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="modelless", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -359,10 +576,31 @@ def build_parser() -> argparse.ArgumentParser:
     register = commands.add_parser("register", help="register a model: variants are generated and profiled")
     register.add_argument("--app", required=True)
     register.add_argument("--name", required=True, help="model name")
-    register.add_argument("--model", required=True, help="ONNX file")
-    register.add_argument("--valset", required=True, help=".npz with 'inputs' and 'labels'")
+    register.add_argument(
+        "--model",
+        required=True,
+        help="ONNX file, a zip/tar holding it with its external data, or s3://bucket/key",
+    )
+    register.add_argument(
+        "--valset",
+        required=True,
+        help=".npz with 'labels' and the inputs ('inputs', or one array per input name), or s3://bucket/key",
+    )
+    register.add_argument(
+        "--model-data", help="the model's external data file (x.onnx.data), or s3://bucket/key"
+    )
+    register.add_argument(
+        "--preprocessing", help="JSON file: the recipe that turns image bytes into the model's input"
+    )
     register.add_argument("--metric", default="top1", choices=["top1", "top5"], help="accuracy metric")
     register.add_argument("--no-wait", action="store_true", help="return once accepted")
+    register.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=900.0,
+        help="give up waiting after this many seconds without progress (exit code 2)",
+    )
+    register.add_argument("--max-wait", type=float, help="give up waiting after this many seconds in all")
     register.set_defaults(run=_cmd_register)
 
     status = commands.add_parser("status", help="a registration's progress")
@@ -372,7 +610,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     query = commands.add_parser("query", help="online query: the system picks the variant")
     query.add_argument("--app", required=True)
-    query.add_argument("--inputs", required=True, help=".npy, .npz ('inputs') or .json array")
+    query.add_argument(
+        "--inputs",
+        required=True,
+        help=".npy array, .npz ('inputs', or one array per input name), .json, or a .png/.jpg image",
+    )
+    query.add_argument(
+        "--encoding",
+        choices=["npy", "json"],
+        default="npy",
+        help="send arrays binary (.npy/.npz, the default) or as JSON",
+    )
     query.add_argument("--latency", type=float, help="latency budget, ms")
     query.add_argument("--accuracy", type=float, help="minimum accuracy, 0..1")
     query.add_argument("--model", help="name the model instead of giving targets")

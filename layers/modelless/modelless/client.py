@@ -8,13 +8,22 @@ print(reply["variant"], reply["predictions"])
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import io
+import json
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+
+S3_SCHEME = "s3://"
+# A registration answers once its model is checked and test-run: a gigabyte's takes a while.
+REGISTER_TIMEOUT_S = 600.0
 
 
 class ModellessClientError(Exception):
@@ -26,6 +35,15 @@ class ModellessClientError(Exception):
         self.code = code
         self.message = message
         self.details = details or {}
+
+
+class RegistrationWaitTimeout(TimeoutError):
+    """``Client.wait_for_registration`` stopped waiting; ``last`` is the registration's last reply
+    (it goes on server-side)."""
+
+    def __init__(self, message: str, last: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.last = last
 
 
 class Client:
@@ -46,9 +64,16 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, admin: bool = False, **kwargs: Any) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        admin: bool = False,
+        headers: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> Any:
         key = self._admin_key if admin else self._api_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {**(headers or {}), **({"Authorization": f"Bearer {key}"} if key else {})}
         response = self._http.request(method, path, headers=headers, **kwargs)
         if response.status_code >= 400:
             try:
@@ -84,29 +109,64 @@ class Client:
     def register_model(
         self,
         model_name: str,
-        model: Path | bytes | Any,
-        val_set: Path | bytes,
+        model: Path | str | bytes | Any,
+        valset: Path | str | bytes,
         app_id: str,
         metric: str = "top1",
+        preprocessing: Mapping[str, Any] | None = None,
+        model_data: Path | str | None = None,
     ) -> dict[str, Any]:
-        """Register an ONNX file (path or bytes) or a PyTorch module, exported to ONNX here, on
-        the client, so that the server never loads a pickle."""
-        valset_bytes = val_set.read_bytes() if isinstance(val_set, Path) else val_set
-        if isinstance(model, Path):
-            model_bytes = model.read_bytes()
-        elif isinstance(model, bytes):
-            model_bytes = model
-        else:
-            model_bytes = export_torch_module(model, valset_bytes)
-        reply: dict[str, Any] = self._call(
-            "POST",
-            "/v1/register_model",
-            data={"appID": app_id, "modelName": model_name, "metric": metric},
-            files={
-                "model": (f"{model_name}.onnx", model_bytes, "application/octet-stream"),
-                "valSet": ("valset.npz", valset_bytes, "application/octet-stream"),
-            },
-        )
+        """Register a model with its validation set (docs/REGISTRATION.md).
+
+        ``model``: an ONNX file's path (or a zip/tar holding it with its external data), its
+        bytes, an ``s3://bucket/key`` URI the server reads itself (the way in for large models, and
+        the only one in AWS past a few MB), or a PyTorch module, exported to ONNX here, on the
+        client, so that the server never loads a pickle. ``valset``: an ``.npz``'s path, bytes or
+        ``s3://`` URI. ``model_data``: the model's external data file (``x.onnx.data``), a path
+        or ``s3://`` URI. ``preprocessing``: the recipe that turns image bytes into the model's
+        input. Files are streamed from disk, never read whole into memory here."""
+        with contextlib.ExitStack() as opened:
+            if _is_module(model):
+                if isinstance(valset, str) and valset.startswith(S3_SCHEME):
+                    raise ValueError(
+                        "exporting a torch module needs the validation set here: a path or bytes"
+                    )
+                tmp = Path(opened.enter_context(tempfile.TemporaryDirectory(prefix="modelless-export-")))
+                model = export_torch_module(
+                    model, Path(valset) if isinstance(valset, str) else valset, tmp / f"{model_name}.onnx"
+                )
+            fields: dict[str, Any] = {"appID": app_id, "modelName": model_name, "metric": metric}
+            files: dict[str, tuple[str, Any, str]] = {}
+            parts = (
+                ("model", "modelUri", model),
+                ("valSet", "valSetUri", valset),
+                ("modelData", "modelDataUri", model_data),
+            )
+            for part, uri_field, value in parts:
+                if value is None:
+                    continue
+                if isinstance(value, str) and value.startswith(S3_SCHEME):
+                    fields[uri_field] = value
+                elif isinstance(value, bytes):
+                    files[part] = (f"{model_name}-{part}", value, "application/octet-stream")
+                else:
+                    path = Path(value)
+                    # An open file: httpx streams it in pieces as the request goes out.
+                    files[part] = (
+                        path.name,
+                        opened.enter_context(path.open("rb")),
+                        "application/octet-stream",
+                    )
+            if files:
+                if preprocessing is not None:
+                    fields["preprocessing"] = json.dumps(dict(preprocessing))
+                reply: dict[str, Any] = self._call(
+                    "POST", "/v1/register_model", data=fields, files=files, timeout=REGISTER_TIMEOUT_S
+                )
+            else:
+                if preprocessing is not None:
+                    fields["preprocessing"] = dict(preprocessing)
+                reply = self._call("POST", "/v1/register_model", json=fields, timeout=REGISTER_TIMEOUT_S)
         return reply
 
     def registrations(self) -> list[dict[str, Any]]:
@@ -124,20 +184,42 @@ class Client:
     def wait_for_registration(
         self,
         registration_id: str,
-        timeout_s: float = 900.0,
+        timeout_s: float | None = 900.0,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
         poll_s: float = 0.5,
+        max_wait_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
+        """Follow a registration until it is ready or failed, for as long as it makes progress.
+
+        ``timeout_s``: how long it may go without any (its status, its done count or a variant's
+        state unchanged; None: no limit) — a registration of a large model may take long, but
+        each of its profiles moves it on. ``max_wait_s``: an overall cap (None: none).
+        ``on_progress`` gets every reply. Raises ``RegistrationWaitTimeout`` (a TimeoutError that
+        carries the last reply) when either limit passes; the registration goes on server-side."""
+        started = clock()
+        last_change = started
+        seen: tuple[object, ...] | None = None
         while True:
-            status = self.registration(registration_id)
+            reply = self.registration(registration_id)
+            now = clock()
+            progress = (reply.get("status"), reply.get("done"), sorted((reply.get("variants") or {}).items()))
+            if progress != seen:
+                seen, last_change = progress, now
             if on_progress is not None:
-                on_progress(status)
-            if status["status"] in {"ready", "failed"}:
-                return status
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"registration {registration_id} not finished after {timeout_s} s")
-            time.sleep(poll_s)
+                on_progress(reply)
+            if reply["status"] in {"ready", "failed"}:
+                return reply
+            if timeout_s is not None and now - last_change > timeout_s:
+                raise RegistrationWaitTimeout(
+                    f"registration {registration_id} made no progress for {timeout_s:g} s", reply
+                )
+            if max_wait_s is not None and now - started > max_wait_s:
+                raise RegistrationWaitTimeout(
+                    f"registration {registration_id} not finished after {max_wait_s:g} s", reply
+                )
+            sleep(poll_s)
 
     def online_query(
         self,
@@ -146,18 +228,45 @@ class Client:
         latency: float | None = None,
         accuracy: float | None = None,
         model_name: str | None = None,
+        *,
+        encoding: str = "npy",
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "appID": app_id,
-            "inputs": inputs.tolist() if isinstance(inputs, np.ndarray) else inputs,
-        }
+        """Run a query (docs/QUERIES.md). ``encoding="npy"`` (the default) sends the inputs
+        binary, with the app and targets in the query string: an array as ``.npy`` (as it is:
+        send float32 to a float32 model), a dict of arrays (one per input name) as ``.npz``, the
+        bytes of a PNG or JPEG file as that image; ``encoding="json"`` sends today's JSON body.
+        The reply is the server's, plus ``clientTimingsMs``: ``encode`` (building the body) and
+        ``roundTrip`` (sending it until the reply is read), in ms."""
+        if encoding not in {"npy", "json"}:
+            raise ValueError(f"encoding must be 'npy' or 'json', not {encoding!r}")
+        started = time.perf_counter()
+        targets: dict[str, Any] = {"appID": app_id}
         if latency is not None:
-            body["latency"] = latency
+            targets["latency"] = latency
         if accuracy is not None:
-            body["accuracy"] = accuracy
+            targets["accuracy"] = accuracy
         if model_name is not None:
-            body["modelName"] = model_name
-        reply: dict[str, Any] = self._call("POST", "/v1/online_query", json=body)
+            targets["modelName"] = model_name
+        binary = encode_query_inputs(inputs) if encoding == "npy" else None
+        params: dict[str, Any] | None = targets
+        if binary is None:
+            content = json.dumps({**targets, "inputs": _jsonable(inputs)}).encode()
+            content_type, params = "application/json", None
+        else:
+            content, content_type = binary
+        encoded = time.perf_counter()
+        reply: dict[str, Any] = self._call(
+            "POST",
+            "/v1/online_query",
+            content=content,
+            params=params,
+            headers={"Content-Type": content_type},
+        )
+        finished = time.perf_counter()
+        reply["clientTimingsMs"] = {
+            "encode": round((encoded - started) * 1000, 3),
+            "roundTrip": round((finished - encoded) * 1000, 3),
+        }
         return reply
 
     def offline_query(
@@ -215,27 +324,149 @@ class Client:
         return list(self._call("GET", "/v1/workers")["workers"])
 
 
-def export_torch_module(module: Any, valset_npz: bytes) -> bytes:
-    """A ``torch.nn.Module`` (or TorchScript module) as ONNX with a dynamic batch dimension,
-    traced on the validation set's first input. torch is needed only on this path."""
-    import io
-    import tempfile
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+JPEG_MAGIC = b"\xff\xd8\xff"
 
+
+def encode_query_inputs(inputs: Any) -> tuple[bytes, str] | None:
+    """A query's inputs as a binary body and its content type: an array as ``.npy``, a mapping of
+    arrays as ``.npz``, image bytes as ``image/png`` or ``image/jpeg`` (other bytes as
+    ``application/octet-stream``, which the server recognises by their first bytes). None for
+    what has no binary form (a list that is not a regular numeric array): it goes as JSON, and
+    the server says what is wrong with it."""
+    if isinstance(inputs, bytes | bytearray | memoryview):
+        data = bytes(inputs)
+        if data.startswith(PNG_MAGIC):
+            return data, "image/png"
+        if data.startswith(JPEG_MAGIC):
+            return data, "image/jpeg"
+        return data, "application/octet-stream"
+    buffer = io.BytesIO()
+    if isinstance(inputs, Mapping):
+        arrays: dict[str, Any] = {}
+        for name, value in inputs.items():
+            array = _numeric_array(value)
+            if array is None:
+                return None
+            arrays[str(name)] = array
+        np.savez(buffer, allow_pickle=False, **arrays)
+        return buffer.getvalue(), "application/x-npz"
+    array = _numeric_array(inputs)
+    if array is None:
+        return None
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue(), "application/x-npy"
+
+
+def _numeric_array(value: Any) -> np.ndarray | None:
+    """``value`` as an array if it is a regular numeric one (an array as it is; lists as numpy
+    reads them: floats as float64, integers as int64)."""
+    try:
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if array.dtype.names is not None:  # a structured batch: one field per input
+        return array
+    return array if array.dtype.kind in "biuf" else None
+
+
+def _jsonable(inputs: Any) -> Any:
+    if isinstance(inputs, np.ndarray):
+        return inputs.tolist()
+    if isinstance(inputs, Mapping):
+        return {str(name): _jsonable(value) for name, value in inputs.items()}
+    return inputs
+
+
+def _is_module(model: object) -> bool:
+    """A torch module (torch itself is imported only if one is given)."""
+    return not isinstance(model, (str, bytes, Path)) and hasattr(model, "forward") and hasattr(model, "eval")
+
+
+def export_torch_module(module: Any, valset: Path | bytes, target: Path) -> Path:
+    """A ``torch.nn.Module`` (or TorchScript module) as one self-contained ONNX file at ``target``,
+    with a dynamic batch dimension on every input, traced on examples from the validation set:
+    every input array it holds (``inputs`` for a one-input module, else one array per input,
+    given to ``forward`` by name where its parameters have those names, else in the archive's
+    order). torch is needed only on this path.
+
+    Exported in eval mode but not under ``torch.no_grad()``: without gradients some modules
+    (``nn.TransformerEncoder``) take a fused fast path that no exporter can translate."""
     import torch
 
-    with np.load(io.BytesIO(valset_npz), allow_pickle=False) as data:
-        example = torch.from_numpy(data["inputs"][:1].astype(np.float32))
+    names, arrays = _example_arrays(valset)
+    names, arrays = _forward_order(module, names, arrays)
+    examples = tuple(torch.from_numpy(array) for array in arrays)
+    was_training = bool(getattr(module, "training", False))
     module.eval()
-    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        target = Path(tmp) / "model.onnx"
-        torch.onnx.export(
-            module,
-            (example,),
-            target,
-            input_names=["input"],
-            output_names=["logits"],
-            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
-            opset_version=17,
-            dynamo=False,
-        )
-        return target.read_bytes()
+    try:
+        try:
+            if isinstance(module, torch.jit.ScriptModule):
+                raise TypeError("TorchScript modules go through the TorchScript exporter")
+            batch = torch.export.Dim("batch")
+            torch.onnx.export(
+                module,
+                examples,
+                str(target),
+                input_names=names,
+                output_names=["logits"],
+                dynamic_shapes=tuple({0: batch} for _ in names),
+                external_data=False,  # one file: the weights inside it, not in target.data
+                dynamo=True,
+            )
+        except Exception as dynamo_error:  # the torch.export path cannot take every module
+            axes = {name: {0: "batch"} for name in [*names, "logits"]}
+            try:
+                torch.onnx.export(
+                    module,
+                    examples,
+                    str(target),
+                    input_names=names,
+                    output_names=["logits"],
+                    dynamic_axes=axes,
+                    opset_version=17,
+                    dynamo=False,
+                )
+            except Exception as error:
+                raise ValueError(
+                    f"the module could not be exported to ONNX: torch.export: {dynamo_error}; "
+                    f"TorchScript: {error}"
+                ) from error
+    finally:
+        module.train(was_training)
+    return target
+
+
+def _example_arrays(valset: Path | bytes) -> tuple[list[str], list[np.ndarray]]:
+    """The validation set's input arrays (two rows each: a batch of one lets torch.export
+    specialise the batch dimension to 1), floats as float32 unless float16."""
+    source = valset if isinstance(valset, Path) else io.BytesIO(valset)
+    with np.load(source, allow_pickle=False) as data:
+        members = [name for name in data.files if name != "labels"]
+        if not members:
+            raise ValueError("the validation set holds no input arrays besides 'labels'")
+        names: list[str] = []
+        arrays: list[np.ndarray] = []
+        for member in members:
+            array = np.asarray(data[member][:2])
+            if len(array) == 1:
+                array = np.concatenate([array, array])
+            if array.dtype.kind == "f" and array.dtype != np.float16:
+                array = array.astype(np.float32)
+            names.append("input" if member == "inputs" else member)
+            arrays.append(np.ascontiguousarray(array))
+    return names, arrays
+
+
+def _forward_order(
+    module: Any, names: list[str], arrays: list[np.ndarray]
+) -> tuple[list[str], list[np.ndarray]]:
+    """The arrays in ``forward``'s parameter order where every one is named after a parameter."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError, AttributeError):
+        return names, arrays
+    if len(names) < 2 or not set(names) <= set(parameters):
+        return names, arrays
+    order = sorted(range(len(names)), key=lambda i: parameters.index(names[i]))
+    return [names[i] for i in order], [arrays[i] for i in order]

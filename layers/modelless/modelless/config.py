@@ -28,6 +28,8 @@ from modelless.exceptions import SettingsError
 
 MiB = 1024 * 1024
 ENV_PREFIX = "MODELLESS_"
+# Room in a register_model body for its form fields and multipart boundaries.
+REGISTER_FRAMING_BYTES = 64 * 1024
 # Variables of the Lambda runtime a setting falls back to (read with the MODELLESS_* ones).
 LAMBDA_FUNCTION_NAME = "AWS_LAMBDA_FUNCTION_NAME"
 
@@ -60,18 +62,56 @@ class Settings(_EnvSettings):
     repository_url: str = ".modelless/repo"
     cache_dir: Path = Path("/tmp/modelless-cache")
     admin_key: str = ""
-    max_model_bytes: int = 64 * MiB
-    max_valset_bytes: int = 32 * MiB
-    max_query_bytes: int = 4 * MiB
+    # Registration limits (docs/REGISTRATION.md). Uploads are streamed to disk, never held in
+    # memory: a model from any source (an upload, an archive's contents with its external data, an
+    # s3:// object) may be this large, after which one self-contained ONNX file must stay under
+    # protobuf's 2 GB.
+    max_model_bytes: int = 1024 * MiB
+    max_valset_bytes: int = 256 * MiB
+    # The whole register_model request body; 0: the model and validation set limits plus framing
+    # (``register_body_limit``). Set where a proxy carries less (AWS: API Gateway hands Lambda at
+    # most 6 MB, base64-encoded), so that larger uploads are refused naming the s3:// way instead.
+    max_register_body_bytes: int = 0
+    # An online query's body, JSON or binary: a full batch (max_batch) of 224x224x3 float32 as
+    # .npy is 64 x 602 KB = 38.5 MiB; the rest is room for framing and other input sizes. (In AWS,
+    # API Gateway and Lambda cap a request at 6 MB first: see docs/QUERIES.md.)
+    max_query_bytes: int = 48 * MiB
     max_batch: int = 64
     # The gateway caches static profiles until their version changes; this TTL is a safety net.
     profile_cache_ttl_s: float = 60.0
-    profile_runs: int = 40
+    # Profiling (docs/VARIANTS.md): per batch size, timed runs go on until the 95 % confidence
+    # interval of the median is within +-profile_stability_pct, with at least profile_min_runs,
+    # at most profile_runs, and past the minimum for at most profile_batch_budget_s seconds.
+    profile_runs: int = 200
+    profile_min_runs: int = 10
+    profile_stability_pct: float = 3.0
+    profile_batch_budget_s: float = 3.0
+    # Batch sizes stop doubling once a median passes this (or throughput stops rising by 5 %).
+    profile_latency_ceiling_ms: float = 2000.0
+    # Screening: before the full profiles, each precision's optimisation levels are timed at
+    # batch 1; a level more than this % slower than its precision's fastest is not profiled
+    # further (pruned, with the reason). 0 profiles every level in full.
+    profile_screen_pct: float = Field(default=10.0, ge=0.0)
+    # Accuracy passes run this many at once (timing passes always run alone).
+    profile_parallelism: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    # Queries naming a model, or giving no accuracy target, are served only by variants whose
+    # accuracy interval reaches within this of the model's reference (FP32) accuracy.
+    accuracy_tolerance: float = Field(default=0.02, ge=0.0, le=1.0)
 
     @property
     def register_body_limit(self) -> int:
-        """A registration's body: the model, the validation set, and room for multipart framing."""
-        return self.max_model_bytes + self.max_valset_bytes + 64 * 1024
+        """A registration's body: ``max_register_body_bytes`` where set, else the model (its
+        external data included), the validation set, and room for multipart framing."""
+        if self.max_register_body_bytes > 0:
+            return self.max_register_body_bytes
+        return self.max_model_bytes + self.max_valset_bytes + REGISTER_FRAMING_BYTES
+
+    @property
+    def register_body_setting(self) -> str:
+        """The variable(s) ``register_body_limit`` comes from, for messages that refuse a body."""
+        if self.max_register_body_bytes > 0:
+            return variable_name(Settings, "max_register_body_bytes")
+        return f"{variable_name(Settings, 'max_model_bytes')} + {variable_name(Settings, 'max_valset_bytes')}"
 
     # In AWS: the cpu_worker function the dispatcher invokes for the Lambda tier, one name, or one
     # per memory size ("1769=name-a,3538=name-b"; see modelless.pools.invokers.lambda_functions).

@@ -5,6 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def first_line(error: BaseException) -> str:
+    """An error's first line, at most 300 characters (its type when it has no message): what a
+    domain error quotes of a library's exception, whose full text may run to pages."""
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
 class ModellessError(Exception):
     """Base of every error a caller can cause or observe."""
 
@@ -63,6 +70,13 @@ class ConflictError(ModellessError):
 class PayloadTooLargeError(ModellessError):
     status_code = 413
     code = "payload_too_large"
+
+
+class UnsupportedMediaTypeError(ModellessError):
+    """A request body of a content type the endpoint (or this model) does not take."""
+
+    status_code = 415
+    code = "unsupported_media_type"
 
 
 class TargetsUnreachableError(ModellessError):

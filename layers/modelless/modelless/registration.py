@@ -13,10 +13,7 @@ registrar function (``functions/registrar``), which the gateway invokes asynchro
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -26,28 +23,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from aws_lambda_powertools import Logger
 
-from modelless.config import Settings
+from modelless.config import Settings, variable_name
 from modelless.exceptions import InvalidInputError, InvalidModelError, NotFoundError, ServiceUnavailableError
+from modelless.ingest import (
+    IngestRequest,
+    Limits,
+    RegistrationSource,
+    S3Uri,
+    ingest,
+    ingest_in_child,
+    needs_child,
+    trial_run,
+)
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import Placement, PoolSpec, placements
+from modelless.pools.catalog import PoolSpec
 from modelless.repository.base import ModelRepository
-from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
-from modelless.validation import check_name, inspect_model, load_valset
-from variants.pruning import prune_dominated
-from variants.recipes import ACCURACY_METRICS, Recipe
+from modelless.types import ModelRecord, Registration, RegistrationStatus, TensorSpec
+from modelless.validation import ModelSignature, check_name
+from modelless.variant_profiling import Profiler, build_and_profile, model_prefix
+from variants.recipes import ACCURACY_METRICS
 
 logger = Logger(service="registrar", child=True)
-
-
-def model_prefix(app_id: str, model_name: str) -> str:
-    return f"apps/{app_id}/{model_name}/"
-
-
-def variant_id(app_id: str, model_name: str, recipe: str, pool: str) -> str:
-    return f"{app_id}/{model_name}/{recipe}/{pool}"
 
 
 @dataclass(frozen=True)
@@ -59,14 +57,18 @@ class RegistrationJob:
     model_name: str
     metric: str = "top1"
     correlation_id: str = ""
+    # The gateway could not test-run the model (no onnxruntime there, as in AWS): the registrar
+    # does it first, and fails the registration at once, with the same message, if it does not run.
+    test_run: bool = False
 
-    def to_event(self) -> dict[str, str]:
+    def to_event(self) -> dict[str, str | bool]:
         return {
             "registrationId": self.registration_id,
             "appID": self.app_id,
             "modelName": self.model_name,
             "metric": self.metric,
             "correlationId": self.correlation_id,
+            "testRun": self.test_run,
         }
 
     @classmethod
@@ -80,6 +82,7 @@ class RegistrationJob:
             model_name=str(event["modelName"]),
             metric=str(event.get("metric") or "top1"),
             correlation_id=str(event.get("correlationId") or ""),
+            test_run=event.get("testRun") is True,
         )
 
 
@@ -110,13 +113,17 @@ class RegistrationService:
         settings: Settings,
         pools: Mapping[str, PoolSpec],
         launcher: RegistrationLauncher | None = None,
+        s3_client: Any | None = None,
     ) -> None:
-        """``launcher``: where the background part runs; None runs it in a thread of this process."""
+        """``launcher``: where the background part runs; None runs it in a thread of this process.
+        ``s3_client``: reads s3:// registration sources (default: boto3's, created when first
+        needed, its endpoint from the standard AWS settings)."""
         self._store = store
         self._repository = repository
         self._settings = settings
         self._pools = pools
         self._launcher = launcher
+        self._s3_client = s3_client
         # One registration at a time, so that concurrent profiles do not disturb each other.
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="registrar")
 
@@ -124,56 +131,100 @@ class RegistrationService:
         self,
         app_id: str,
         model_name: str,
-        model_bytes: bytes,
-        valset_bytes: bytes,
+        source: RegistrationSource,
         metric: str = "top1",
         correlation_id: str = "",
+        preprocessing: Mapping[str, Any] | None = None,
     ) -> Registration:
+        """Check a model and its validation set (files on this machine or s3:// objects; see
+        ``modelless.ingest``), store them, and queue the generation of its variants. Everything a
+        caller can get wrong is refused here, before anything is written."""
         check_name("modelName", model_name)
         if metric not in ACCURACY_METRICS:
             raise InvalidInputError(f"metric {metric!r} is not one of {list(ACCURACY_METRICS)}")
-        signature = inspect_model(model_bytes, self._settings.max_model_bytes)
-        load_valset(valset_bytes, signature, self._settings.max_valset_bytes)
-
-        siblings = self._store.list_models(app_id)
-        if siblings and siblings[0].input_shape != signature.input_shape:
-            # Model-less queries may land on any of the app's models: they must take the same input.
-            raise InvalidModelError(
-                f"app {app_id!r} serves inputs of shape {siblings[0].input_shape}; this model takes "
-                f"{signature.input_shape}",
-                expected=siblings[0].input_shape,
+        if preprocessing is not None and not isinstance(preprocessing, Mapping):
+            raise InvalidInputError("preprocessing must be a JSON object (a recipe)", field="preprocessing")
+        settings = self._settings
+        limits = Limits(
+            settings.max_model_bytes,
+            settings.max_valset_bytes,
+            variable_name(Settings, "max_model_bytes"),
+            variable_name(Settings, "max_valset_bytes"),
+        )
+        with tempfile.TemporaryDirectory(prefix="modelless-ingest-") as tmp:
+            work = Path(tmp)
+            model_data = source.model_data
+            request = IngestRequest(
+                model=self._local(source.model, work / "model-source", limits, "modelUri"),
+                valset=self._local(source.valset, work / "valset-source", limits, "valSetUri"),
+                work_dir=work / "ingest",
+                limits=limits,
+                model_data=None
+                if model_data is None
+                else self._local(model_data, work / "data", limits, "modelDataUri"),
             )
-        prefix = model_prefix(app_id, model_name)
-        registration = Registration(
-            registration_id=uuid.uuid4().hex,
-            app_id=app_id,
-            model_name=model_name,
-            created_at=time.time(),
-            message="queued for variant generation",
-        )
-        model = ModelRecord(
-            app_id=app_id,
-            model_name=model_name,
-            input_name=signature.input_name,
-            input_shape=signature.input_shape,
-            input_dtype=signature.input_dtype,
-            num_classes=signature.num_classes,
-            registration_id=registration.registration_id,
-            artifact_key=f"{prefix}source.onnx",
-        )
-        self._store.add_model(model, registration)  # ConflictError when the name is taken
-        try:
-            self._repository.put(model.artifact_key, model_bytes)
-            self._repository.put(f"{prefix}valset.npz", valset_bytes)
-        except Exception:
-            self._undo(model)
-            raise
+            # A large model is parsed, checked and test-run in a child process: the memory that
+            # takes (several times its size) must not stay with this process.
+            ingested = ingest_in_child(request) if needs_child(request) else ingest(request)
+            signature = ingested.signature
+            recipe = None
+            if preprocessing is not None:
+                from modelless.preprocessing import parse_recipe
+
+                recipe = parse_recipe(preprocessing, signature.inputs[0])
+            siblings = self._store.list_models(app_id)
+            if siblings and not _same_inputs(siblings[0].input_specs, list(signature.inputs)):
+                # Model-less queries may land on any of the app's models: they must take the same inputs.
+                raise InvalidModelError(
+                    f"app {app_id!r} serves inputs of shape {siblings[0].input_shape} "
+                    f"({_describe(siblings[0].input_specs)}); this model takes "
+                    f"{_describe(list(signature.inputs))}: every model of an app takes the same inputs",
+                    expected=siblings[0].input_shape,
+                )
+            prefix = model_prefix(app_id, model_name)
+            registration = Registration(
+                registration_id=uuid.uuid4().hex,
+                app_id=app_id,
+                model_name=model_name,
+                created_at=time.time(),
+                message="; ".join(["queued for variant generation", *ingested.notes]),
+            )
+            first = signature.inputs[0]
+            model = ModelRecord(
+                app_id=app_id,
+                model_name=model_name,
+                input_name=first.name,
+                input_shape=list(first.shape),
+                input_dtype=first.dtype,
+                num_classes=signature.num_classes,
+                registration_id=registration.registration_id,
+                artifact_key=f"{prefix}source.onnx",
+                inputs=list(signature.inputs),
+                preprocessing=recipe,
+            )
+            self._store.add_model(model, registration)  # ConflictError when the name is taken
+            try:
+                self._repository.put_file(model.artifact_key, ingested.model)
+                self._repository.put_file(f"{prefix}valset.npz", ingested.valset)
+            except Exception:
+                self._undo(model)
+                raise
         # A snapshot taken before the background part starts: it goes on updating its own record.
         snapshot = Registration.from_json(registration.to_json())
         if self._launcher is None:
-            self._background.submit(self._generate_and_profile, model, registration, metric)
+            if ingested.tested:
+                self._background.submit(self._generate_and_profile, model, registration, metric)
+            else:
+                self._background.submit(self._test_run_then_generate, model, registration, metric)
         else:
-            job = RegistrationJob(registration.registration_id, app_id, model_name, metric, correlation_id)
+            job = RegistrationJob(
+                registration.registration_id,
+                app_id,
+                model_name,
+                metric,
+                correlation_id,
+                test_run=not ingested.tested,
+            )
             try:
                 self._launcher(job)
             except Exception as error:
@@ -185,6 +236,45 @@ class RegistrationService:
                     registration_id=registration.registration_id,
                 ) from error
         return snapshot
+
+    def _local(self, source: Path | S3Uri, target: Path, limits: Limits, field: str) -> Path:
+        """A registration file on this machine: a path as it is, an s3:// object downloaded
+        (``field``: the request field it came in, which names the limit it is held to)."""
+        if isinstance(source, Path):
+            return source
+        valset = field == "valSetUri"
+        limit = limits.valset_bytes if valset else limits.model_bytes
+        setting = limits.valset_setting if valset else limits.model_setting
+        # Here, not at the top: boto3 only where a registration reads from S3.
+        from modelless.repository.s3 import download_object
+
+        if self._s3_client is None:
+            import boto3
+
+            self._s3_client = boto3.client("s3")
+        download_object(source.bucket, source.key, target, limit, setting, field, self._s3_client)
+        return target
+
+    def _test_run(self, model: ModelRecord, registration: Registration) -> bool:
+        """The test run the gateway could not do (no onnxruntime there): batch 1 and batch 2 on
+        synthetic inputs. A model that does not run fails its registration at once, with the
+        gateway's message, and leaves no trace; True when it runs."""
+        try:
+            with tempfile.TemporaryDirectory(prefix="modelless-trial-") as tmp:
+                path = Path(tmp) / "source.onnx"
+                self._repository.get_file(model.artifact_key, path)
+                trial_run(path, ModelSignature(tuple(model.input_specs), model.num_classes))
+        except Exception as error:
+            logger.warning("registered model does not run", extra={"model": model.model_name})
+            self._undo(model)
+            reason = f"{type(error).__name__}: {error}"
+            self._fail(registration, error.message if isinstance(error, InvalidModelError) else reason)
+            return False
+        return True
+
+    def _test_run_then_generate(self, model: ModelRecord, registration: Registration, metric: str) -> None:
+        if self._test_run(model, registration):
+            self._generate_and_profile(model, registration, metric)
 
     def run(self, job: RegistrationJob) -> Registration:
         """The background part of a registration handed on by a launcher (the registrar function):
@@ -205,27 +295,27 @@ class RegistrationService:
         if model is None or model.registration_id != job.registration_id:
             self._fail(registration, "the model was removed before its variants were generated")
             return registration
+        if job.test_run and not self._test_run(model, registration):
+            return registration
         self._generate_and_profile(model, registration, job.metric)
         return registration
 
     def _generate_and_profile(self, model: ModelRecord, registration: Registration, metric: str) -> None:
+        """Build the artifacts, profile them (each variant published as soon as its profile is
+        done), prune; or, on failure, remove every trace of the model and record why."""
         try:
             with tempfile.TemporaryDirectory(prefix="modelless-reg-") as tmp:
-                generated = self._build_variants(model, registration, Path(tmp), metric)
-            variants, pruned = prune_dominated(generated)
-            registration.status = RegistrationStatus.READY
-            registration.finished_at = time.time()
-            registration.variant_ids = sorted(v.variant_id for v in variants)
-            registration.pruned = len(pruned)
-            registration.message = (
-                f"{len(generated)} variants generated and profiled; {len(pruned)} pruned as dominated "
-                f"(slower, costlier and no more accurate than another of their pool); {len(variants)} kept"
-            )
-            ready = dataclasses.replace(model, ready=True)
-            self._store.publish_variants(ready, variants, registration)
+                build_and_profile(
+                    Profiler(self._store, self._repository, self._settings, self._pools, self._progress),
+                    model, registration, Path(tmp), metric,
+                )  # fmt: skip
             logger.info(
                 "registration ready",
-                extra={"model": model.model_name, "variants": len(variants), "pruned": len(pruned)},
+                extra={
+                    "model": model.model_name,
+                    "variants": len(registration.variant_ids),
+                    "pruned": registration.pruned,
+                },
             )
         except Exception as error:
             logger.exception("registration failed", extra={"model": model.model_name})
@@ -237,66 +327,6 @@ class RegistrationService:
         registration.finished_at = time.time()
         registration.message = message
         self._store.put_registration(registration)
-
-    def _build_variants(
-        self, model: ModelRecord, registration: Registration, tmp: Path, metric: str
-    ) -> list[VariantProfile]:
-        prefix = model_prefix(model.app_id, model.model_name)
-        source = tmp / "source.onnx"
-        source.write_bytes(self._repository.get(model.artifact_key))
-        valset = tmp / "valset.npz"
-        valset.write_bytes(self._repository.get(f"{prefix}valset.npz"))
-        with np.load(valset, allow_pickle=False) as data:
-            examples = len(data["labels"])
-        # Static INT8 calibrates on the first examples; every variant's accuracy is then measured
-        # on the others, so that all accuracies are comparable and none is measured on its own
-        # calibration data. Too small a set is kept whole and static INT8 skipped.
-        calibration = (
-            min(MAX_CALIBRATION_EXAMPLES, examples // 4) if examples >= MIN_EXAMPLES_TO_CALIBRATE else 0
-        )
-
-        self._progress(
-            registration, RegistrationStatus.GENERATING, "building optimised and quantised artifacts"
-        )
-        build_args: list[object] = [source, tmp / "artifacts"]
-        if calibration:
-            build_args += ["--calibration", valset, "--calibration-count", calibration]
-        artifacts = _run_step("build", *build_args)
-        cpu_placements = [
-            p for pool in self._pools.values() if pool.device == "cpu" for p in placements(pool)
-        ]
-        thread_counts = sorted({p.threads for p in cpu_placements})
-        runnable = [a for a in artifacts if a["runs_on_cpu"]]
-        registration.total = len(runnable) * len(thread_counts)
-        self._progress(registration, RegistrationStatus.PROFILING, "profiling variants")
-
-        variants: list[VariantProfile] = []
-        for artifact in sorted(artifacts, key=lambda a: str(a["recipe"])):
-            recipe = Recipe.parse(str(artifact["recipe"]))
-            key = f"{prefix}variants/{recipe.name}.onnx"
-            self._repository.put(key, Path(str(artifact["path"])).read_bytes())
-            if not artifact["runs_on_cpu"]:
-                continue  # kept for pools with the hardware; profiles come from where it runs
-            # A cold load starts from the repository: time the fetch, add the session's start-up.
-            fetch_started = time.perf_counter()
-            self._repository.get(key)
-            fetch_ms = (time.perf_counter() - fetch_started) * 1000
-            for threads in thread_counts:
-                # Each profile in its own fresh process: its memory is the variant's own.
-                measured = _run_step(
-                    "measure", artifact["path"], valset,
-                    "--threads", threads, "--runs", self._settings.profile_runs,
-                    "--metric", metric, "--accuracy-from", calibration,
-                )  # fmt: skip
-                registration.done += 1
-                self._progress(
-                    registration,
-                    RegistrationStatus.PROFILING,
-                    f"profiled {recipe.name} at {threads} thread(s)",
-                )
-                for placement in (p for p in cpu_placements if p.threads == threads):
-                    variants.append(_profile(model, recipe, key, placement, measured, fetch_ms))
-        return variants
 
     def _progress(self, registration: Registration, status: RegistrationStatus, message: str) -> None:
         registration.status = status
@@ -315,57 +345,19 @@ class RegistrationService:
         self._background.shutdown(wait=False, cancel_futures=True)
 
 
-def _profile(
-    model: ModelRecord,
-    recipe: Recipe,
-    key: str,
-    placement: Placement,
-    measured: dict[str, Any],
-    fetch_ms: float,
-) -> VariantProfile:
-    return VariantProfile(
-        variant_id=variant_id(model.app_id, model.model_name, recipe.name, placement.name),
-        app_id=model.app_id,
-        model_name=model.model_name,
-        pool=placement.pool.name,
-        precision=recipe.precision,
-        opt_level=recipe.opt_level,
-        threads=placement.threads,
-        artifact_key=key,
-        size_bytes=measured["size_bytes"],
-        load_latency_ms=round(measured["load_latency_ms"] + fetch_ms, 3),
-        latency_p50_ms={int(b): t for b, t in measured["latency_p50_ms"].items()},
-        latency_p99_ms={int(b): t for b, t in measured["latency_p99_ms"].items()},
-        peak_memory_mb=measured["peak_memory_mb"],
-        accuracy=measured["accuracy"],
-        price_per_second=placement.price_per_second,
-        request_price=placement.pool.request_price,
-        hardware=measured["hardware"],
-        # The embedded stack runs its CPU pools, Lambda's included, on this machine.
-        measured_on_target=True,
-        memory_mb=placement.memory_mb,
-        saturation_qps=measured["saturation_qps"],
-        max_useful_batch=measured["max_useful_batch"],
-        accuracy_metric=measured["accuracy_metric"],
-        accuracy_examples=measured["accuracy_examples"],
-    )
+def _same_inputs(served: list[TensorSpec], offered: list[TensorSpec]) -> bool:
+    """Whether a model takes the inputs its app's models take: the same shapes and dtypes, and
+    the same names where there are several (a batch's fields are matched to inputs by name; a
+    one-input model's batch is a plain array, whatever its input is called)."""
+    if len(served) != len(offered):
+        return False
+    if len(served) == 1:
+        return (list(served[0].shape), served[0].dtype) == (list(offered[0].shape), offered[0].dtype)
+    return [(s.name, list(s.shape), s.dtype) for s in served] == [
+        (o.name, list(o.shape), o.dtype) for o in offered
+    ]
 
 
-STEP_TIMEOUT_S = 600
-MAX_CALIBRATION_EXAMPLES = 128
-MIN_EXAMPLES_TO_CALIBRATE = 40
-
-
-def _run_step(command: str, *args: object) -> Any:
-    """Run one ``python -m variants`` step in a child process and return its JSON answer."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "variants", command, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=STEP_TIMEOUT_S,
-        check=False,
-    )
-    if completed.returncode != 0:
-        last = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"variant {command} step failed: {last}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+def _describe(specs: list[TensorSpec]) -> str:
+    """``input_ids int64 [128], attention_mask int64 [128]``."""
+    return ", ".join(f"{s.name} {s.dtype} [{', '.join(map(str, s.shape))}]" for s in specs)

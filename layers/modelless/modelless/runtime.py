@@ -1,17 +1,21 @@
 """onnxruntime inference of variants: the one code path used by pool workers, the Lambda tier
 (``functions/cpu_worker``) and the profiler.
 
-Payloads are the Lambda invocation contract: ``{"variant": <profile JSON string>, "inputs_npy_b64": ...}``
-in, ``{"outputs_npy_b64": ..., "inference_ms": ..., "load_ms": ..., "queue_ms": ...}`` out.
-Arrays travel as ``.npy`` bytes, read with ``allow_pickle=False``: nothing is ever unpickled.
+Payloads are the invocation contract: ``{"variant": <profile JSON string>, "inputs_npy": ...}``
+in, ``{"outputs_npy": ..., "inference_ms": ..., "load_ms": ..., "queue_ms": ...}`` out; each
+transport encodes the bytes fields its own way (``modelless.wire``: raw frames to a worker,
+base64 in a Lambda event). Arrays travel as ``.npy`` bytes, read with ``allow_pickle=False``:
+nothing is ever unpickled. A batch keeps its dtype end to end (int64 token ids stay int64); a
+model with several inputs gets a structured array, split into the session's feeds only at
+``session.run`` (``modelless.tensors``).
 """
 
 from __future__ import annotations
 
-import base64
 import io
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +24,9 @@ import numpy as np
 
 from modelless.exceptions import InvalidInputError
 from modelless.repository.base import ModelRepository, fetch_to_cache
+from modelless.tensors import to_feeds
 from modelless.types import VariantProfile
+from modelless.wire import binary_field
 
 if TYPE_CHECKING:
     # Imported where a session is made: the gateway and the offline function use this module's
@@ -28,10 +34,28 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
 
-def encode_array(array: np.ndarray) -> str:
+def npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+    return buffer.getvalue()
+
+
+def read_npy(raw: bytes, what: str) -> np.ndarray:
+    try:
+        array: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise InvalidInputError(f"{what} are not a valid .npy array: {error}") from error
+    return array
+
+
+def inputs_of(message: Mapping[str, Any]) -> np.ndarray:
+    """An invocation's inputs, whether it came as frames (raw .npy) or as JSON (base64)."""
+    return read_npy(binary_field(message, "inputs_npy"), "inputs")
+
+
+def outputs_of(message: Mapping[str, Any]) -> np.ndarray:
+    """A reply's outputs, whether it came as frames (raw .npy) or as JSON (base64)."""
+    return read_npy(binary_field(message, "outputs_npy"), "outputs")
 
 
 def invocation_payload(
@@ -42,22 +66,13 @@ def invocation_payload(
         "variant_id": variant.variant_id,
         "variant": variant.to_json(),
         "memory_mb": variant.memory_mb,  # picks the Lambda function (memory size) to run it
-        "inputs_npy_b64": encode_array(inputs),
+        "inputs_npy": npy_bytes(inputs),  # raw: modelless.wire encodes it per transport
         "correlation_id": correlation_id,
     }
     if deadline_ms is not None:
         # What is left of the query's latency budget: a batching worker never holds it longer.
         payload["deadline_ms"] = deadline_ms
     return payload
-
-
-def decode_array(encoded: str) -> np.ndarray:
-    try:
-        raw = base64.b64decode(encoded, validate=True)
-        array: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise InvalidInputError(f"inputs are not a valid base64 .npy array: {error}") from error
-    return array
 
 
 def make_session(model_path: Path | str, threads: int) -> ort.InferenceSession:
@@ -90,9 +105,22 @@ def available_providers() -> list[str]:
 class LoadedVariant:
     variant: VariantProfile
     session: ort.InferenceSession
-    input_name: str
+    input_names: list[str]  # the session's inputs, in order: what ``to_feeds`` splits a batch into
     lock: threading.Lock  # one run at a time per instance: its threads are all it may use
     load_ms: float
+
+
+def run_session(loaded: LoadedVariant, batch: np.ndarray) -> np.ndarray:
+    """The first output of one run of ``loaded`` on ``batch`` (a plain or a structured array).
+    The caller holds the instance's lock."""
+    try:
+        feeds = to_feeds(batch, loaded.input_names)
+    except ValueError as error:
+        raise InvalidInputError(
+            f"inputs do not fit variant {loaded.variant.variant_id}: {error}", inputs=loaded.input_names
+        ) from error
+    outputs: np.ndarray = loaded.session.run(None, feeds)[0]
+    return outputs
 
 
 class VariantRuntime:
@@ -121,7 +149,8 @@ class VariantRuntime:
             path = fetch_to_cache(self._repository, variant.artifact_key, self._cache_dir)
             session = make_session(path, variant.threads)
             load_ms = (time.perf_counter() - started) * 1000
-            loaded = LoadedVariant(variant, session, session.get_inputs()[0].name, threading.Lock(), load_ms)
+            input_names = [declared.name for declared in session.get_inputs()]
+            loaded = LoadedVariant(variant, session, input_names, threading.Lock(), load_ms)
             self._loaded[variant.variant_id] = loaded
             return loaded, load_ms
 
@@ -133,7 +162,7 @@ class VariantRuntime:
         queued = time.perf_counter()
         with loaded.lock:
             started = time.perf_counter()
-            outputs = loaded.session.run(None, {loaded.input_name: inputs})[0]
+            outputs = run_session(loaded, inputs)
             finished = time.perf_counter()
         return {
             "outputs": outputs,
@@ -146,9 +175,8 @@ class VariantRuntime:
     def handle_invocation(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Serve one invocation payload (the Lambda event and the worker's request body)."""
         variant = VariantProfile.from_json(payload["variant"])
-        inputs = decode_array(payload["inputs_npy_b64"]).astype(np.float32, copy=False)
-        result = self.infer(variant, inputs)
+        result = self.infer(variant, inputs_of(payload))
         return {
-            "outputs_npy_b64": encode_array(result.pop("outputs")),
+            "outputs_npy": npy_bytes(result.pop("outputs")),
             **result,
         }

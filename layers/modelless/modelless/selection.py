@@ -18,6 +18,12 @@ then a cold one. Where it cannot (AWS: nothing tells which execution environment
 tier is assumed warm, as INFaaS's profiled latencies assume; provisioned concurrency
 (``LambdaTierProvisionedConcurrency`` in template.yaml) is what makes that assumption hold there.
 
+Queries that name a model, or give no accuracy target, are held to the model as registered:
+only variants whose accuracy is within a tolerance of the model's reference accuracy serve them
+(``faithful``), so that a quantised variant whose accuracy collapsed never answers a query that
+did not ask for a trade-off. Among equally fast and cheap variants, the one that agrees more
+with the registered model (``agreement``) goes first.
+
 What is queued on an Active instance counts too: a query sent there waits for the requests ahead
 of it (the worker's report of its queue, or the gateway's own queries in flight when they are
 more), run by run at the instance's batch size (``queue_wait_ms``). An instance whose profiled
@@ -126,8 +132,9 @@ class BatchTable:
     @classmethod
     def build(cls, variants: Iterable[VariantProfile], batch: int) -> BatchTable:
         scored = [Scored.of(v, batch) for v in variants if v.max_batch >= batch]
-        # Stable: equal keys keep the candidates' order, as min() over them would.
-        scored.sort(key=lambda s: (s.cold_ms, s.cost, s.variant.variant_id))
+        # Stable: equal keys keep the candidates' order, as min() over them would. Equally quick
+        # and cheap: the one closer to the registered model first.
+        scored.sort(key=lambda s: (s.cold_ms, s.cost, -(s.variant.agreement or 0.0), s.variant.variant_id))
         return cls(scored)
 
     def narrowed(self, keep: Keep) -> BatchTable:
@@ -141,35 +148,105 @@ class BatchTable:
         return scored
 
 
+# The registered precision: a model's reference accuracy is its FP32 artifact's.
+REFERENCE_PRECISION = "fp32"
+
+
+def accuracy_upper(variant: VariantProfile) -> float:
+    """The top of the variant's accuracy interval (its point accuracy when it has none: a
+    profile measured before intervals were, or imported without one)."""
+    measured = variant.accuracy_examples > 0 and (variant.accuracy_low, variant.accuracy_high) != (0.0, 1.0)
+    return variant.accuracy_high if measured else variant.accuracy
+
+
+def reference_accuracies(variants: Iterable[VariantProfile]) -> dict[str, float]:
+    """Per model, its reference accuracy: the registered FP32 artifact's, as measured on the
+    validation set at registration (``ModelRecord.reference_accuracy``; the best of the model's
+    FP32 profiles, which differ only by graph optimisation). A model without such a profile (hand
+    made, imported) has none, and its variants are not held to one."""
+    references: dict[str, float] = {}
+    for v in variants:
+        if v.precision == REFERENCE_PRECISION and v.accuracy_examples > 0 and not v.imported:
+            references[v.model_name] = max(references.get(v.model_name, 0.0), v.accuracy)
+    return references
+
+
+def faithful(variant: VariantProfile, references: Mapping[str, float], tolerance: float) -> bool:
+    """Whether ``variant`` may serve a query that named its model or gave no accuracy target:
+    the top of its accuracy interval reaches its model's reference accuracy minus ``tolerance``."""
+    reference = references.get(variant.model_name)
+    return reference is None or accuracy_upper(variant) >= reference - tolerance
+
+
+def holds_to_reference(min_accuracy: float, model_name: str | None) -> bool:
+    """Queries that name a model, or give no accuracy target, are served within the tolerance."""
+    return model_name is not None or min_accuracy <= 0
+
+
+def _default_tolerance() -> float:
+    from modelless.config import get_settings  # read once per candidate list, not per decision
+
+    return float(get_settings().accuracy_tolerance)
+
+
 class Candidates(Sequence[VariantProfile]):
     """An immutable candidate list with its per-batch tables, built lazily and kept.
 
     ``subset`` derives a narrower list (a target's accuracy and model) whose tables are cut from
     the root list's, already in order: a new target costs one pass, no sort, no profile lookups
-    and one list of references per batch size. Variant ids are unique (they are the store's keys)."""
+    and one list of references per batch size. Variant ids are unique (they are the store's keys).
 
-    __slots__ = ("_keep", "_root", "_tables", "_variants")
+    ``accuracy_tolerance``: how far below its model's reference accuracy a variant may be and
+    still serve queries that name the model or give no accuracy target (``faithful``); by default
+    ``Settings.accuracy_tolerance``."""
 
-    def __init__(self, variants: Iterable[VariantProfile]) -> None:
+    __slots__ = ("_cut_for", "_keep", "_references", "_root", "_tables", "_tolerance", "_variants")
+
+    def __init__(self, variants: Iterable[VariantProfile], accuracy_tolerance: float | None = None) -> None:
         self._variants = tuple(variants)
         self._tables: dict[int, BatchTable] = {}
         self._root: Candidates | None = None  # set on subsets: the list they are cut from
         self._keep: Keep | None = None  # on subsets: which of the root's variants they hold
+        self._cut_for: tuple[float, str | None] | None = None  # on subsets: the targets they hold
+        self._tolerance = accuracy_tolerance
+        self._references: dict[str, float] | None = None
+
+    @property
+    def accuracy_tolerance(self) -> float:
+        root = self._root or self
+        if root._tolerance is None:
+            root._tolerance = _default_tolerance()
+        return root._tolerance
+
+    def references(self) -> Mapping[str, float]:
+        """Each model's reference accuracy, from the root list (a subset may have left out the
+        FP32 profiles it comes from)."""
+        root = self._root or self
+        if root._references is None:
+            root._references = reference_accuracies(root._variants)
+        return root._references
 
     def subset(self, min_accuracy: float, model_name: str | None = None) -> Candidates:
-        """The candidates with accuracy >= ``min_accuracy`` (of ``model_name`` when given)."""
+        """The candidates with accuracy >= ``min_accuracy`` (of ``model_name`` when given); for a
+        named model or no accuracy target, only those within the tolerance of their model's
+        reference accuracy (``faithful``)."""
         outer = self._keep
+        held = holds_to_reference(min_accuracy, model_name)
+        references = self.references() if held else {}
+        tolerance = self.accuracy_tolerance if held and references else 0.0
 
         def keep(v: VariantProfile) -> bool:
             return (
                 v.accuracy >= min_accuracy
                 and (model_name is None or v.model_name == model_name)
+                and (not held or faithful(v, references, tolerance))
                 and (outer is None or outer(v))
             )
 
         narrower = Candidates(v for v in self._variants if keep(v))
         narrower._root = self._root or self
         narrower._keep = keep
+        narrower._cut_for = (min_accuracy, model_name)
         return narrower
 
     def at_batch(self, batch: int) -> BatchTable:
@@ -226,6 +303,15 @@ def as_candidates(candidates: Sequence[VariantProfile]) -> Candidates:
     return candidates if isinstance(candidates, Candidates) else Candidates(candidates)
 
 
+def for_targets(candidates: Sequence[VariantProfile], targets: QueryTargets) -> Candidates:
+    """The candidates that meet the targets' accuracy and model (``Candidates.subset``); a list
+    already cut for these targets (the dispatcher's cached one) as it is."""
+    indexed = as_candidates(candidates)
+    if indexed._cut_for == (targets.min_accuracy, targets.model_name):
+        return indexed
+    return indexed.subset(targets.min_accuracy, targets.model_name)
+
+
 class InfaasPolicy:
     """Active instances first (cheapest, then least-loaded worker) whose profiled latency and the
     wait for their queue meet the budget; else the inactive variant with the lowest load +
@@ -252,7 +338,7 @@ class InfaasPolicy:
         lambda_tier: LambdaTierState | None = None,
     ) -> Decision:
         budget = _budget(targets)
-        table = as_candidates(candidates).at_batch(targets.batch)  # those that take the batch
+        table = for_targets(candidates, targets).at_batch(targets.batch)  # those that take the batch
         min_accuracy, model_name = targets.min_accuracy, targets.model_name
 
         # Active: variants with a healthy loaded instance whose profiled latency, after the wait
@@ -263,7 +349,7 @@ class InfaasPolicy:
         # budget only when idle is kept aside: the answer, late, if nothing else can be.
         best: Scored | None = None
         best_worker: WorkerState | None = None
-        best_key: tuple[bool, float, float, int, float, str] | None = None
+        best_key: tuple[bool, float, float, int, float, float, str] | None = None
         best_expected = 0.0
         queued_out: tuple[float, str, Scored, WorkerState] | None = None
         lookup = table.get
@@ -309,7 +395,16 @@ class InfaasPolicy:
                     and lambda_tier is not None
                     and budget < lambda_tier.cold_start_ms + scored.cold_ms
                 )
-                key = (cold_risk, cost, scored.latency_ms, queued, worker.utilisation, worker.worker_id)
+                agreement = -(scored.variant.agreement or 0.0)  # equal otherwise: closer to the original
+                key = (
+                    cold_risk,
+                    cost,
+                    scored.latency_ms,
+                    queued,
+                    agreement,
+                    worker.utilisation,
+                    worker.worker_id,
+                )
                 if best_key is None or key < best_key:
                     best, best_worker, best_key, best_expected = scored, worker, key, expected
         if best is not None and best_worker is not None:
@@ -489,13 +584,7 @@ def _budget(targets: QueryTargets) -> float:
 
 
 def _eligible(targets: QueryTargets, candidates: Sequence[VariantProfile]) -> list[VariantProfile]:
-    return [
-        v
-        for v in candidates
-        if v.accuracy >= targets.min_accuracy
-        and v.max_batch >= targets.batch
-        and (targets.model_name is None or v.model_name == targets.model_name)
-    ]
+    return [v for v in for_targets(candidates, targets) if v.max_batch >= targets.batch]
 
 
 def closest_variant(targets: QueryTargets, variants: Sequence[VariantProfile]) -> VariantProfile | None:

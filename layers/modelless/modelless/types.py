@@ -69,6 +69,15 @@ class VariantProfile:
     accuracy_metric: str = "top1"
     accuracy_examples: int = 0  # validation examples the accuracy was measured on
     imported: bool = False  # measured elsewhere and imported (a pool this machine lacks)
+    # The accuracy's 95 % confidence interval (Wilson, from accuracy_examples); differences inside
+    # it are ties for pruning and selection.
+    accuracy_low: float = 0.0
+    accuracy_high: float = 1.0
+    # Share of validation examples whose top-1 answer equals the registered model's (None: not measured).
+    agreement: float | None = None
+    profile_runs: int = 0  # timed runs behind the latency tables, all batch sizes together
+    p50_ci_pct: float = 0.0  # half-width of the batch-1 p50's 95 % confidence interval, in %
+    contended: bool = False  # measured while other profiles ran beside it
 
     @property
     def max_batch(self) -> int:
@@ -103,8 +112,23 @@ class VariantProfile:
 
 
 @dataclass(frozen=True)
+class TensorSpec:
+    """One model input: its name, its shape without the batch dimension and its numpy dtype."""
+
+    name: str
+    shape: list[int]
+    dtype: str  # numpy dtype name: "float32", "int64", ...
+
+
+@dataclass(frozen=True)
 class ModelRecord:
-    """A registered model: its input contract and the state of its registration."""
+    """A registered model: its input contract and the state of its registration.
+
+    ``input_name``/``input_shape``/``input_dtype`` describe the first input; ``inputs`` lists every
+    input (empty in records written before models could take several: then the first is all).
+    A batch for a one-input model is an array [batch, *shape]; for a model with several inputs it
+    is a numpy structured array [batch] with one field per input (see ``modelless.tensors``).
+    """
 
     app_id: str
     model_name: str
@@ -115,13 +139,25 @@ class ModelRecord:
     registration_id: str
     artifact_key: str
     ready: bool = False
+    inputs: list[TensorSpec] = field(default_factory=list)
+    # How image bytes (JPEG/PNG) sent to this model become its input tensor; None: tensors only.
+    preprocessing: dict[str, Any] | None = None
+    # The registered (FP32) artifact's own measured accuracy: queries naming the model, or giving
+    # no accuracy target, are served within a tolerance of it. None until profiled.
+    reference_accuracy: float | None = None
+
+    @property
+    def input_specs(self) -> list[TensorSpec]:
+        return self.inputs or [TensorSpec(self.input_name, list(self.input_shape), self.input_dtype)]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> ModelRecord:
-        return cls(**json.loads(raw))
+        data = json.loads(raw)
+        data["inputs"] = [TensorSpec(**spec) for spec in data.get("inputs") or []]
+        return cls(**data)
 
 
 @dataclass
@@ -139,6 +175,11 @@ class Registration:
     finished_at: float | None = None
     variant_ids: list[str] = field(default_factory=list)
     pruned: int = 0  # generated variants dropped as dominated by another of the same pool
+    # Per recipe (e.g. "int8_all"): queued | profiling | ready | pruned | failed.
+    variants: dict[str, str] = field(default_factory=dict)
+    prune_reasons: dict[str, str] = field(default_factory=dict)  # variant id -> why it was dropped
+    eta_s: float | None = None  # seconds until every variant is profiled, estimated as they finish
+    first_servable_at: float | None = None  # when the first variant could answer queries
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -10,15 +10,27 @@ import math
 import re
 import zipfile
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError
-from modelless.types import ModelRecord
+from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError, first_line
+from modelless.tensors import from_feeds
+from modelless.types import TensorSpec
+
+if TYPE_CHECKING:
+    import onnx
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-FLOAT_TYPES = {1: "float32"}  # onnx.TensorProto.FLOAT (onnx is imported where a model is inspected)
+# onnx.TensorProto element types a model input may have, by their numpy names (onnx itself is
+# imported only where a model is inspected).
+INPUT_TYPES = {1: "float32", 10: "float16", 7: "int64", 6: "int32"}
+OUTPUT_TYPES = {1: "float32", 10: "float16"}
+VALSET_INPUTS = "inputs"  # the validation set's member for a one-input model (or the input's name)
+VALSET_LABELS = "labels"
+MAX_MODEL_SETTING = "MODELLESS_MAX_MODEL_BYTES"
+MAX_VALSET_SETTING = "MODELLESS_MAX_VALSET_BYTES"
 
 
 def check_name(kind: str, value: str) -> str:
@@ -31,158 +43,289 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+def too_large(what: str, limit: int, setting: str, size: int | None = None) -> PayloadTooLargeError:
+    """The 413 for a file over its limit: names the setting that raises it."""
+    measured = f"; it is {size} bytes" if size is not None else ""
+    return PayloadTooLargeError(
+        f"{what} exceeds {limit} bytes ({setting}){measured}", limit=limit, setting=setting
+    )
+
+
 @dataclass(frozen=True)
 class ModelSignature:
-    input_name: str
-    input_shape: list[int]  # without the batch dimension
-    input_dtype: str
+    """What registration reads off a model: its inputs (each [batch, *shape]) and its classes."""
+
+    inputs: tuple[TensorSpec, ...]
     num_classes: int
 
+    @property
+    def input_name(self) -> str:
+        return self.inputs[0].name
 
-def inspect_model(data: bytes, max_bytes: int) -> ModelSignature:
-    """Parse and check an ONNX classifier: one float input [batch, ...], one output [batch, classes]."""
+    @property
+    def input_shape(self) -> list[int]:
+        return list(self.inputs[0].shape)
+
+    @property
+    def input_dtype(self) -> str:
+        return self.inputs[0].dtype
+
+
+def inspect_model(source: bytes | Path, max_bytes: int, setting: str = MAX_MODEL_SETTING) -> ModelSignature:
+    """Parse and check an ONNX classifier: inputs [batch, fixed dims...] of float32, float16, int64
+    or int32, one output [batch, classes]. ``source``: the model's bytes or a self-contained file."""
+    size = source.stat().st_size if isinstance(source, Path) else len(source)
+    if size > max_bytes:
+        raise too_large("model file", max_bytes, setting, size)
+    if size == 0:
+        raise InvalidModelError("model file is empty")
+    return model_signature(load_model(source))
+
+
+def load_model(source: bytes | Path, check: bool = True) -> onnx.ModelProto:
+    """The ONNX model in ``source``, checked unless ``check`` is False (a model whose external
+    data is not loaded yet: ``modelless.ingest`` loads it, then calls ``check_model``)."""
     # Here, not at the top: only registration inspects models, and the functions that never do
     # (the offline function, the Lambda tier) leave onnx out of their packages.
     import onnx
     from google.protobuf.message import DecodeError
 
-    if len(data) > max_bytes:
-        raise PayloadTooLargeError(
-            f"model file is {len(data)} bytes; the limit is {max_bytes}", limit=max_bytes
-        )
-    if not data:
-        raise InvalidModelError("model file is empty")
     try:
-        model = onnx.load_from_string(data)
+        if isinstance(source, Path):
+            model = onnx.load(str(source), load_external_data=False)
+        else:
+            model = onnx.load_from_string(source)
+    except (DecodeError, ValueError, RuntimeError, OSError) as error:
+        raise InvalidModelError(f"model file is not a valid ONNX model: {first_line(error)}") from error
+    if check:
+        check_model(model)
+    return model
+
+
+def check_model(model: onnx.ModelProto) -> None:
+    """onnx's checker on a model held in memory; InvalidModelError with its first complaint."""
+    import onnx
+
+    try:
         onnx.checker.check_model(model)
-    except (DecodeError, onnx.checker.ValidationError, ValueError, RuntimeError) as error:
-        raise InvalidModelError(f"model file is not a valid ONNX model: {_first_line(error)}") from error
+    except (onnx.checker.ValidationError, ValueError, RuntimeError) as error:
+        raise InvalidModelError(f"model file is not a valid ONNX model: {first_line(error)}") from error
+
+
+def model_signature(model: onnx.ModelProto) -> ModelSignature:
+    """The signature of a parsed, checked model; InvalidModelError says what it cannot serve."""
+    import onnx
+
     initializers = {init.name for init in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in initializers]
-    if len(inputs) != 1 or len(model.graph.output) != 1:
+    outputs = list(model.graph.output)
+    if not inputs or len(outputs) != 1:
         raise InvalidModelError(
-            "model must have exactly one input and one output; "
-            f"it has {len(inputs)} and {len(model.graph.output)}"
+            "model must have at least one input and exactly one output (class scores [batch, classes]); "
+            f"it has {len(inputs)} inputs and {len(outputs)} outputs",
+            outputs=[o.name for o in outputs],
         )
-    tensor = inputs[0].type.tensor_type
-    if tensor.elem_type not in FLOAT_TYPES:
-        raise InvalidModelError(
-            f"model input must be float32; it is {onnx.TensorProto.DataType.Name(tensor.elem_type)}"
-        )
-    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
-    if len(dims) < 2 or any(d <= 0 for d in dims[1:]):
-        raise InvalidModelError(
-            f"model input must be [batch, fixed dims...]; it is {dims} (-1 = symbolic)", input_shape=dims
-        )
-    out_dims = [
-        d.dim_value if d.HasField("dim_value") else -1
-        for d in model.graph.output[0].type.tensor_type.shape.dim
-    ]
+    specs: list[TensorSpec] = []
+    for value in inputs:
+        tensor = value.type.tensor_type
+        if tensor.elem_type not in INPUT_TYPES:
+            kind = onnx.TensorProto.DataType.Name(tensor.elem_type) if tensor.elem_type else "not a tensor"
+            raise InvalidModelError(
+                f"model input {value.name!r} is {kind}; inputs must be float32, float16, int64 or int32",
+                input=value.name,
+            )
+        dims = _dims(tensor)
+        if len(dims) < 2 or any(d <= 0 for d in dims[1:]):
+            raise InvalidModelError(
+                f"model input {value.name!r} must be [batch, fixed dims...]; it is {dims} (-1 = symbolic): "
+                "only the batch dimension may vary (export a sequence model at a fixed length)",
+                input=value.name,
+                input_shape=dims,
+            )
+        if dims[0] > 0:
+            # A model whose every input and output fixes the batch size is made dynamic by
+            # modelless.ingest; one that fixes it on some inputs only cannot be guessed right.
+            raise InvalidModelError(
+                f"model input {value.name!r} fixes the batch dimension at {dims[0]}; re-export with "
+                f"dynamic_axes={{{value.name!r}: {{0: 'batch'}}}} (or dynamic_shapes)",
+                input=value.name,
+                input_shape=dims,
+            )
+        specs.append(TensorSpec(value.name, dims[1:], INPUT_TYPES[tensor.elem_type]))
+    output = outputs[0].type.tensor_type
+    out_dims = _dims(output)
     if len(out_dims) != 2 or out_dims[1] <= 0:
         raise InvalidModelError(
             f"model output must be [batch, classes]; it is {out_dims}", output_shape=out_dims
         )
-    return ModelSignature(inputs[0].name, dims[1:], FLOAT_TYPES[tensor.elem_type], out_dims[1])
-
-
-def load_valset(data: bytes, signature: ModelSignature, max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """A ``.npz`` with ``inputs`` [N, *input_shape] and integer ``labels`` [N]."""
-    if len(data) > max_bytes:
-        raise PayloadTooLargeError(
-            f"validation set is {len(data)} bytes; the limit is {max_bytes}", limit=max_bytes
+    if output.elem_type not in OUTPUT_TYPES:
+        raise InvalidModelError(
+            f"model output must be float32 or float16 class scores; it is "
+            f"{onnx.TensorProto.DataType.Name(output.elem_type)}"
         )
+    return ModelSignature(tuple(specs), out_dims[1])
+
+
+def _dims(tensor: onnx.TypeProto.Tensor) -> list[int]:
+    """A tensor's dims, -1 for a symbolic (or unknown) one."""
+    return [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+
+
+@dataclass(frozen=True)
+class ValidationSet:
+    """A validation set read and checked against a model: one array per input, cast to its dtype."""
+
+    arrays: dict[str, np.ndarray]  # input name -> [N, *shape]
+    labels: np.ndarray  # int64 [N]
+    # Whether the archive already holds exactly this: each input under its canonical member name
+    # (``inputs`` for a one-input model, else the input's name) in its dtype, int64 labels.
+    canonical: bool
+
+    def batch(self, signature: ModelSignature) -> np.ndarray:
+        return from_feeds(self.arrays, signature.inputs)
+
+    def save(self, path: Path, signature: ModelSignature) -> None:
+        """Write the canonical form, the one every later reader (variants, profiling) reads."""
+        members = {valset_member(spec, signature): self.arrays[spec.name] for spec in signature.inputs}
+        members[VALSET_LABELS] = self.labels
+        save: Any = np.savez  # typed with its own keyword arguments, which member names are not
+        with path.open("wb") as target:
+            save(target, **members)
+
+
+def valset_member(spec: TensorSpec, signature: ModelSignature) -> str:
+    """The canonical archive member of an input: ``inputs`` for a one-input model, else its name."""
+    return VALSET_INPUTS if len(signature.inputs) == 1 else spec.name
+
+
+def load_valset(
+    source: bytes | Path, signature: ModelSignature, max_bytes: int, setting: str = MAX_VALSET_SETTING
+) -> tuple[np.ndarray, np.ndarray]:
+    """A ``.npz`` with integer ``labels`` [N] and the model's inputs: ``inputs`` (or the input's
+    own name) for a one-input model, one array per input name for several. Returns the batch
+    (``modelless.tensors``: a plain array for one input, a structured one for several) and the
+    labels."""
+    valset = read_valset(source, signature, max_bytes, setting)
+    return valset.batch(signature), valset.labels
+
+
+def read_valset(
+    source: bytes | Path, signature: ModelSignature, max_bytes: int, setting: str = MAX_VALSET_SETTING
+) -> ValidationSet:
+    size = source.stat().st_size if isinstance(source, Path) else len(source)
+    if size > max_bytes:
+        raise too_large("validation set", max_bytes, setting, size)
     try:
-        loaded = np.load(io.BytesIO(data), allow_pickle=False)
+        loaded = np.load(source if isinstance(source, Path) else io.BytesIO(source), allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
         raise InvalidModelError(
-            f"validation set is not a readable .npz archive: {_first_line(error)}"
+            f"validation set is not a readable .npz archive: {first_line(error)}"
         ) from error
     if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise InvalidModelError("validation set must be an .npz archive with 'inputs' and 'labels'")
+        raise InvalidModelError(f"validation set must be an .npz archive with {_wanted(signature)}")
     try:
         with loaded as archive:
-            missing = {"inputs", "labels"} - set(archive.files)
-            if missing:
-                raise InvalidModelError(
-                    f"validation set lacks {sorted(missing)}; it has {sorted(archive.files)}"
-                )
-            inputs = archive["inputs"]
-            labels = archive["labels"]
+            members = _members(signature, list(archive.files))
+            raw = {name: archive[member] for name, member in members.items()}
+            labels = archive[VALSET_LABELS]
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
         raise InvalidModelError(
-            f"validation set is not a readable .npz archive: {_first_line(error)}"
+            f"validation set is not a readable .npz archive: {first_line(error)}"
         ) from error
     # A member that is not .npy data comes back as raw bytes, not an array.
-    if not isinstance(inputs, np.ndarray) or not isinstance(labels, np.ndarray):
-        raise InvalidModelError("validation set members 'inputs' and 'labels' must be .npy arrays")
-    if inputs.dtype.kind not in "fiu" or labels.dtype.kind not in "iu":
-        raise InvalidModelError(
-            f"validation inputs must be numeric and labels integers; got {inputs.dtype} and {labels.dtype}"
-        )
-    if inputs.ndim == 0:
-        raise InvalidModelError("validation inputs must be an array [N, ...], not a single number")
-    if len(inputs) == 0:
+    if not all(isinstance(a, np.ndarray) for a in [*raw.values(), labels]):
+        raise InvalidModelError(f"validation set members {sorted(members.values())} must be .npy arrays")
+    if labels.dtype.kind not in "iu":
+        raise InvalidModelError(f"validation labels must be integers; got {labels.dtype}")
+    several = len(signature.inputs) > 1
+    arrays: dict[str, np.ndarray] = {}
+    canonical = labels.dtype == np.int64
+    for spec in signature.inputs:
+        what = f"validation input {spec.name!r}" if several else "validation inputs"
+        array = raw[spec.name]
+        arrays[spec.name] = _checked_input(array, spec, what, several)
+        canonical = canonical and members[spec.name] == valset_member(spec, signature)
+        canonical = canonical and array.dtype == np.dtype(spec.dtype)
+    rows = {len(a) for a in arrays.values()}
+    if len(rows) > 1:
+        counts = {name: len(a) for name, a in arrays.items()}
+        raise InvalidModelError(f"validation inputs hold different numbers of examples: {counts}")
+    count = rows.pop()
+    if count == 0:
         raise InvalidModelError("validation set is empty")
-    if list(inputs.shape[1:]) != signature.input_shape:
-        raise InvalidModelError(
-            f"validation inputs have shape {list(inputs.shape)}; "
-            f"the model takes [N, {', '.join(map(str, signature.input_shape))}]",
-            expected=signature.input_shape,
-        )
-    if labels.shape != (len(inputs),):
-        raise InvalidModelError(
-            f"labels have shape {list(labels.shape)}; expected [{len(inputs)}], one per input"
-        )
+    if labels.shape != (count,):
+        raise InvalidModelError(f"labels have shape {list(labels.shape)}; expected [{count}], one per input")
     if labels.min() < 0 or labels.max() >= signature.num_classes:
         raise InvalidModelError(f"labels must lie in [0, {signature.num_classes}) for this model's output")
-    as_float32 = inputs.astype(np.float32)
-    if not np.isfinite(as_float32).all():
-        raise InvalidModelError("validation inputs contain NaN or infinity, or values beyond float32's range")
-    return as_float32, labels.astype(np.int64)
+    return ValidationSet(arrays, labels.astype(np.int64), canonical)
 
 
-def query_inputs(raw: Any, model: ModelRecord, max_batch: int) -> np.ndarray:
-    """Turn a query's ``inputs`` (nested lists) into a float32 batch the model accepts."""
-    shape = ", ".join(map(str, model.input_shape))
-    try:
-        # No dtype forced here: strings must be refused, not silently parsed as numbers.
-        array = np.asarray(raw)
-    except (ValueError, TypeError, OverflowError) as error:
-        raise InvalidInputError(
-            f"inputs must be a numeric array of shape [{shape}] or [batch, {shape}]: {_first_line(error)}"
-        ) from error
-    return check_batch(array, model, max_batch)
+def _wanted(signature: ModelSignature) -> str:
+    if len(signature.inputs) == 1:
+        return f"'{VALSET_INPUTS}' (or {signature.input_name!r}) and '{VALSET_LABELS}'"
+    return f"one array per input ({', '.join(repr(s.name) for s in signature.inputs)}) and 'labels'"
 
 
-def check_batch(array: np.ndarray, model: ModelRecord, max_batch: int) -> np.ndarray:
-    expected = list(model.input_shape)
-    dims = ", ".join(map(str, expected))
-    takes = f"model {model.model_name!r} takes [{dims}] or [batch, {dims}]"
+def _members(signature: ModelSignature, files: list[str]) -> dict[str, str]:
+    """Input name -> the archive member holding it; InvalidModelError names what is missing."""
+    if len(signature.inputs) == 1:
+        spec = signature.inputs[0]
+        candidates = [VALSET_INPUTS] + ([spec.name] if spec.name != VALSET_LABELS else [])
+        found = next((c for c in candidates if c in files), None)
+        missing = ([] if found else [VALSET_INPUTS]) + ([] if VALSET_LABELS in files else [VALSET_LABELS])
+        if missing:
+            raise InvalidModelError(
+                f"validation set lacks {missing}; it has {sorted(files)} (it needs {_wanted(signature)})"
+            )
+        return {spec.name: str(found)}
+    clash = [s.name for s in signature.inputs if s.name == VALSET_LABELS]
+    if clash:
+        raise InvalidModelError(
+            "the model has an input named 'labels', which the validation set keeps for its labels: "
+            "rename the input"
+        )
+    missing = [s.name for s in signature.inputs if s.name not in files]
+    missing += [] if VALSET_LABELS in files else [VALSET_LABELS]
+    if missing:
+        raise InvalidModelError(
+            f"validation set lacks {missing}; it has {sorted(files)} (it needs {_wanted(signature)})"
+        )
+    return {s.name: s.name for s in signature.inputs}
+
+
+def _checked_input(array: np.ndarray, spec: TensorSpec, what: str, several: bool) -> np.ndarray:
+    """One input's examples, cast to the input's dtype; InvalidModelError says what is wrong."""
+    target = np.dtype(spec.dtype)
+    integer = target.kind in "iu"
+    if array.dtype.kind not in ("iub" if integer else "fiub"):
+        expected = "integers" if integer else "numeric"
+        raise InvalidModelError(
+            f"{what} must be {expected} ({spec.dtype} for input {spec.name!r}); got {array.dtype}",
+            input=spec.name,
+        )
     if array.ndim == 0:
-        raise InvalidInputError(f"inputs have no shape (a single value); {takes}", expected=expected, got=[])
-    if array.dtype.kind not in "fiub":
-        # 'O' arrives for ragged lists and integers too large for any machine type.
-        raise InvalidInputError(
-            f"inputs must be a regular numeric array; got {array.dtype} "
-            "(strings, ragged nesting or out-of-range integers)"
+        raise InvalidModelError(f"{what} must be an array [N, ...], not a single number")
+    if list(array.shape[1:]) != list(spec.shape):
+        takes = f"input {spec.name!r} takes" if several else "the model takes"
+        have = "has" if several else "have"
+        raise InvalidModelError(
+            f"{what} {have} shape {list(array.shape)}; {takes} [N, {', '.join(map(str, spec.shape))}]",
+            expected=list(spec.shape),
+            input=spec.name,
         )
-    if list(array.shape) == expected:
-        array = array[np.newaxis, ...]
-    if list(array.shape[1:]) != expected or array.ndim != len(expected) + 1:
-        raise InvalidInputError(
-            f"inputs have shape {list(array.shape)}; {takes}", expected=expected, got=list(array.shape)
-        )
-    if array.shape[0] == 0:
-        raise InvalidInputError("inputs hold an empty batch")
-    if array.shape[0] > max_batch:
-        raise InvalidInputError(
-            f"batch of {array.shape[0]} exceeds the limit of {max_batch}", limit=max_batch
-        )
-    as_float32 = array.astype(np.float32)
+    if integer:
+        info = np.iinfo(target)
+        if array.size and (array.min() < info.min or array.max() > info.max):
+            raise InvalidModelError(f"{what}: values beyond {spec.dtype}'s range", input=spec.name)
+        return array.astype(target, copy=False)
+    with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+        cast = array.astype(target, copy=False)
     # Checked after the cast: 1e39 is finite in float64 but reaches a float32 model as inf.
-    if not np.isfinite(as_float32).all():
-        raise InvalidInputError("inputs contain NaN or infinity, or values beyond float32's range")
-    return as_float32
+    if not np.isfinite(cast).all():
+        raise InvalidModelError(
+            f"{what}: NaN or infinity, or values beyond {spec.dtype}'s range", input=spec.name
+        )
+    return cast
 
 
 def check_targets(latency_ms: float | None, accuracy: float | None) -> None:
@@ -190,8 +333,3 @@ def check_targets(latency_ms: float | None, accuracy: float | None) -> None:
         raise InvalidInputError(f"latency must be a positive number of milliseconds; got {latency_ms}")
     if accuracy is not None and (not math.isfinite(accuracy) or not 0.0 <= accuracy <= 1.0):
         raise InvalidInputError(f"accuracy must lie in [0, 1]; got {accuracy}")
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__

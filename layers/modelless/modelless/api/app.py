@@ -29,7 +29,11 @@ def create_app(services: Services) -> FastAPI:
     for router in (apps.router, models.router, queries.router, offline.router, operations.router):
         app.include_router(router)
 
-    app.add_middleware(BodyLimitMiddleware, limit_for_path=lambda path: _body_limit(services, path))
+    app.add_middleware(
+        BodyLimitMiddleware,
+        limit_for_path=lambda path: _body_limit(services, path),
+        setting_for_path=lambda path: _body_limit_setting(services, path),
+    )
     app.add_middleware(CorrelationMiddleware)
 
     @app.exception_handler(ModellessError)
@@ -101,6 +105,13 @@ class CorrelationMiddleware:
 def _body_limit(services: Services, path: str) -> int:
     settings = services.settings
     return settings.register_body_limit if path.endswith("/register_model") else settings.max_query_bytes
+
+
+def _body_limit_setting(services: Services, path: str) -> str | None:
+    """The setting behind ``_body_limit``'s answer, named in the 413."""
+    if path.endswith("/register_model"):
+        return services.settings.register_body_setting
+    return "MODELLESS_MAX_QUERY_BYTES"
 
 
 def _error_response(error: ModellessError) -> JSONResponse:

@@ -18,19 +18,32 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: ASGIApp, limit_for_path: Callable[[str], int]) -> None:
+    """``setting_for_path``: the setting (environment variable) that sets a path's limit, named in
+    its 413 so that the caller knows what to raise (None: the 413 names none)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit_for_path: Callable[[str], int],
+        setting_for_path: Callable[[str], str | None] = lambda path: None,
+    ) -> None:
         self.app = app
         self.limit_for_path = limit_for_path
+        self.setting_for_path = setting_for_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         limit = self.limit_for_path(scope["path"])
+        setting = self.setting_for_path(scope["path"])
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await _refuse(
-                send, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes", limit
+                send,
+                f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes",
+                limit,
+                setting,
             )
             return
         received = 0
@@ -47,7 +60,9 @@ class BodyLimitMiddleware:
                     # reading; whatever it tries to send afterwards is dropped.
                     refused = True
                     if not started:
-                        await _refuse(send, f"request body exceeds the limit of {limit} bytes", limit)
+                        await _refuse(
+                            send, f"request body exceeds the limit of {limit} bytes", limit, setting
+                        )
                     return {"type": "http.disconnect"}
             return message
 
@@ -61,9 +76,13 @@ class BodyLimitMiddleware:
         await self.app(scope, counting_receive, guarded_send)
 
 
-async def _refuse(send: Send, message: str, limit: int) -> None:
+async def _refuse(send: Send, message: str, limit: int, setting: str | None = None) -> None:
+    details: dict[str, Any] = {"limit": limit}
+    if setting is not None:
+        message += f" (set by {setting})"
+        details["setting"] = setting
     body = json.dumps(
-        {"error": {"code": "payload_too_large", "message": message, "details": {"limit": limit}}}
+        {"error": {"code": "payload_too_large", "message": message, "details": details}}
     ).encode()
     await send(
         {

@@ -23,7 +23,11 @@ class AppCreated(BaseModel):
 class OnlineQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
     appID: str
-    inputs: Any = Field(description="one input [*shape] or a batch [n, *shape] of numbers")
+    inputs: Any = Field(
+        description="one input [*shape] or a batch [n, *shape] of numbers; for a model with several "
+        "inputs, an object of them by input name ({name: [n, *shape]}). Binary bodies (.npy, .npz, "
+        "images) carry the inputs alone: see the endpoint's description"
+    )
     latency: float | None = Field(default=None, description="latency budget in milliseconds")
     accuracy: float | None = Field(default=None, description="minimum top-1 accuracy in [0, 1]")
     modelName: str | None = Field(default=None, description="name the model instead of targets")
@@ -42,7 +46,10 @@ class QueryReply(BaseModel):
     retried: bool
     reason: str
     expectedLatencyMs: float
-    timingsMs: dict[str, float]
+    timingsMs: dict[str, float] = Field(
+        description="the server's time per stage, in ms: decode_ms (reading and decoding the body), "
+        "selection_ms, queue_ms, load_ms, cold_start_ms, inference_ms, transport_ms and total_ms"
+    )
 
 
 class ImportProfiles(BaseModel):
@@ -52,6 +59,26 @@ class ImportProfiles(BaseModel):
     profiles: list[dict[str, Any]] = Field(
         description="each: recipe, pool, threads or memory_mb, latency_p50_ms, latency_p99_ms "
         "({batch: ms}), load_latency_ms, accuracy, hardware; optional peak_memory_mb, saturation_qps"
+    )
+
+
+class RegisterModel(BaseModel):
+    """register_model's fields, as a JSON body (s3:// URIs only) or as multipart form fields
+    beside the uploaded files (``model``, ``valSet``, ``modelData``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    appID: str
+    modelName: str
+    metric: str = Field(default="top1", description="accuracy metric: top1 or top5")
+    modelUri: str | None = Field(
+        default=None, description="s3://bucket/key of the model (.onnx, or a zip/tar with its external data)"
+    )
+    valSetUri: str | None = Field(default=None, description="s3://bucket/key of the validation set (.npz)")
+    modelDataUri: str | None = Field(
+        default=None, description="s3://bucket/key of the model's external data file (x.onnx.data)"
+    )
+    preprocessing: dict[str, Any] | None = Field(
+        default=None, description="how image bytes become the model's input (docs/REGISTRATION.md)"
     )
 
 
@@ -66,6 +93,16 @@ class RegistrationReply(BaseModel):
     variantIds: list[str]
     pruned: int
     statusUrl: str
+    variants: dict[str, str] = Field(
+        default_factory=dict, description="per recipe: queued, profiling, ready, pruned or failed"
+    )
+    pruneReasons: dict[str, str] = Field(default_factory=dict, description="pruned variant id -> why")
+    etaSeconds: float | None = Field(default=None, description="until every variant is profiled")
+    createdAt: float = Field(default=0.0, description="when the registration was accepted (epoch s)")
+    firstServableAt: float | None = Field(
+        default=None, description="when the first variant could answer queries (epoch s)"
+    )
+    finishedAt: float | None = None
 
 
 class OfflineQuery(BaseModel):

@@ -25,7 +25,7 @@ from modelless.exceptions import NotFoundError, NotReadyError, TargetsUnreachabl
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
 from modelless.query_load import QueryLoadCounter, group_of
-from modelless.runtime import decode_array, invocation_payload
+from modelless.runtime import invocation_payload, outputs_of
 from modelless.selection import (
     NO_LAMBDA_TIER,
     Candidates,
@@ -33,6 +33,7 @@ from modelless.selection import (
     SelectionPolicy,
     unreachable_error,
 )
+from modelless.tensors import from_feeds
 from modelless.types import Decision, QueryTargets, Tier, WorkerState
 
 logger = Logger(service="gateway", child=True)
@@ -143,7 +144,11 @@ class Dispatcher:
             return
         self._warming.add(variant.variant_id)
         contract = self.profiles.input_contract(variant.app_id, variant.model_name)
-        zeros = np.zeros((1, *contract.input_shape), dtype=np.float32)
+        # One row of zeros in the model's own input dtypes (workers feed batches as they come).
+        zeros = from_feeds(
+            {spec.name: np.zeros((1, *spec.shape), dtype=spec.dtype) for spec in contract.input_specs},
+            contract.input_specs,
+        )
         payload = invocation_payload(variant, zeros, f"warmup-{uuid.uuid4().hex}")
 
         def load() -> None:
@@ -178,8 +183,15 @@ class Dispatcher:
         raise unreachable_error(targets, everything)
 
     def online_query(
-        self, targets: QueryTargets, inputs: np.ndarray, correlation_id: str = ""
+        self,
+        targets: QueryTargets,
+        inputs: np.ndarray,
+        correlation_id: str = "",
+        decode_ms: float | None = None,
     ) -> QueryResult:
+        """Serve one query. ``decode_ms``: what the caller spent reading and decoding the query's
+        body into ``inputs`` (the gateway's route): reported as ``decode_ms`` and counted in
+        ``total_ms``, which then covers the query from its first byte read to its answer."""
         query_id = correlation_id or uuid.uuid4().hex
         started = time.perf_counter()
         decision = self.select(targets)
@@ -203,8 +215,10 @@ class Dispatcher:
             "transport_ms": max(0.0, (finished - selected) * 1000 - compute_ms),
             "total_ms": total_ms,
         }
+        if decode_ms is not None:
+            timings = {"decode_ms": decode_ms, **timings, "total_ms": total_ms + decode_ms}
         return QueryResult(
-            outputs=decode_array(body["outputs_npy_b64"]),
+            outputs=outputs_of(body),
             decision=served,
             tier=served.tier,
             worker_id=served.worker_id if served.tier is Tier.WORKER else None,

@@ -1,7 +1,8 @@
 """The Lambda tier (``functions/cpu_worker``): runs one variant on the CPU with onnxruntime.
 
 Event: ``{"variant_id", "variant": <profile JSON>, "memory_mb", "inputs_npy_b64", "correlation_id"}``
-(``modelless.runtime.invocation_payload``). The variant is fetched from the model repository into
+(``modelless.runtime.invocation_payload`` in its JSON form: ``modelless.wire.to_json_message``).
+ The variant is fetched from the model repository into
 the cache directory once per container. The first reply of a container says so (``cold_start``)
 with the container's init time (``init_ms``), which the gateway adds to the query's timings.
 
@@ -21,6 +22,7 @@ from modelless.exceptions import ModellessError
 from modelless.lambda_events import InvocationEvent, container_init_ms
 from modelless.repository import open_repository
 from modelless.runtime import VariantRuntime
+from modelless.wire import to_json_message
 
 logger = Logger(service="cpu_worker")
 metrics = Metrics(namespace="Modelless", service="cpu_worker")
@@ -58,4 +60,6 @@ class CpuWorker:
             metrics.add_metric(
                 name="VariantLoadLatency", unit=MetricUnit.Milliseconds, value=result["load_ms"]
             )
-        return {"statusCode": 200, **result, "cold_start": cold, "init_ms": self.init_ms if cold else 0.0}
+        return to_json_message(
+            {"statusCode": 200, **result, "cold_start": cold, "init_ms": self.init_ms if cold else 0.0}
+        )

@@ -127,6 +127,18 @@ class MetadataStore(OfflineJobStore, Protocol):
     ) -> None:
         """Atomically store profiles, index them, mark the model ready and the registration done."""
 
+    def add_variants(
+        self, model: ModelRecord, variants: list[VariantProfile], registration: Registration
+    ) -> None:
+        """Publish some of a model's variants while its registration goes on: atomically store
+        (or replace) these profiles and index them, beside those already published, and write
+        the model record and the registration as given. Bumps the app's profiles version, so
+        that gateways' caches see the new variants at their next decision."""
+
+    def remove_variants(self, app_id: str, variant_ids: list[str], registration: Registration) -> None:
+        """Unpublish variants (pruned at the end of their registration) and write the
+        registration, atomically; bumps the app's profiles version. Unknown ids are ignored."""
+
     # --- variant profiles -----------------------------------------------------------------------
     def list_variants(self, app_id: str, model_name: str | None = None) -> list[VariantProfile]: ...
 

@@ -91,6 +91,20 @@ class InMemoryMetadataStore:
             self._models[(model.app_id, model.model_name)] = model
             self._registrations[registration.registration_id] = _copy(registration)
 
+    def add_variants(
+        self, model: ModelRecord, variants: list[VariantProfile], registration: Registration
+    ) -> None:
+        # Storing a profile replaces any of the same id, so publishing is incremental already.
+        self.publish_variants(model, variants, registration)
+
+    def remove_variants(self, app_id: str, variant_ids: list[str], registration: Registration) -> None:
+        with self._lock:
+            app_variants = self._variants.get(app_id, {})
+            for variant_id in variant_ids:
+                app_variants.pop(variant_id, None)
+            self._versions[app_id] = self._versions.get(app_id, 0) + 1
+            self._registrations[registration.registration_id] = _copy(registration)
+
     def list_variants(self, app_id: str, model_name: str | None = None) -> list[VariantProfile]:
         variants = self._variants.get(app_id, {}).values()
         return sorted(

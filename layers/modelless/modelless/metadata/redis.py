@@ -114,6 +114,29 @@ class RedisMetadataStore:
             pipe.incr(self.keys.profiles_version(app_id))
             pipe.execute()
 
+    def add_variants(
+        self, model: ModelRecord, variants: list[VariantProfile], registration: Registration
+    ) -> None:
+        # HSET and ZADD replace what a profile's id held and leave the others: publishing is
+        # incremental already, in one MULTI/EXEC with the model, registration and version.
+        self.publish_variants(model, variants, registration)
+
+    def remove_variants(self, app_id: str, variant_ids: list[str], registration: Registration) -> None:
+        by_model: dict[str, list[str]] = {}
+        for variant in self.list_variants(app_id):
+            if variant.variant_id in variant_ids:
+                by_model.setdefault(variant.model_name, []).append(variant.variant_id)
+        with self._redis.pipeline(transaction=True) as pipe:
+            if variant_ids:
+                pipe.hdel(self.keys.variants(app_id), *variant_ids)
+                pipe.zrem(self.keys.accuracy_index(app_id), *variant_ids)
+                pipe.zrem(self.keys.latency_index(app_id), *variant_ids)
+            for model_name, ids in by_model.items():
+                pipe.zrem(self.keys.accuracy_index(app_id, model_name), *ids)
+            pipe.set(self.keys.registration(registration.registration_id), registration.to_json())
+            pipe.incr(self.keys.profiles_version(app_id))
+            pipe.execute()
+
     # --- variants -------------------------------------------------------------------------------
     def list_variants(self, app_id: str, model_name: str | None = None) -> list[VariantProfile]:
         if model_name is None:

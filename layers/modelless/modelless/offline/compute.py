@@ -26,7 +26,7 @@ from modelless.metadata.base import MetadataStore
 from modelless.offline.throttle import RUNNING, ThrottleConfig, ThrottleState, next_state
 from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.pools.invokers import WorkerInvoker
-from modelless.runtime import decode_array, invocation_payload
+from modelless.runtime import invocation_payload, outputs_of
 from modelless.selection import InfaasPolicy, unreachable_error
 from modelless.types import Decision, OfflineJob, QueryTargets, Tier, VariantProfile, WorkerState
 
@@ -187,9 +187,7 @@ class WorkerCompute:
             self._sticky = None
             raise
         self._sticky = dataclasses.replace(decision, reason="the worker the job's last batch ran on")
-        return RunResult(
-            decode_array(body["outputs_npy_b64"]), decision.worker_id, float(body["inference_ms"])
-        )
+        return RunResult(outputs_of(body), decision.worker_id, float(body["inference_ms"]))
 
     def _provisioned(self) -> list[WorkerState]:
         return [

@@ -13,9 +13,9 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from modelless.exceptions import InvalidInputError, OfflineInputError
+from modelless.exceptions import InvalidInputError, OfflineInputError, first_line
+from modelless.inputs import check_batch
 from modelless.types import ModelRecord
-from modelless.validation import check_batch
 
 ARRAY_SUFFIXES = (".npy", ".npz")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -49,7 +49,7 @@ def _load_array(data: bytes, suffix: str) -> np.ndarray:
     try:
         loaded = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise OfflineInputError(f"not a readable {suffix} file: {_first_line(error)}") from error
+        raise OfflineInputError(f"not a readable {suffix} file: {first_line(error)}") from error
     if isinstance(loaded, np.lib.npyio.NpzFile):
         with loaded as archive:
             names = list(archive.files)
@@ -64,7 +64,7 @@ def _load_array(data: bytes, suffix: str) -> np.ndarray:
             try:
                 return np.asarray(archive[name])
             except (ValueError, OSError, zipfile.BadZipFile) as error:
-                raise OfflineInputError(f".npz array {name!r} is unreadable: {_first_line(error)}") from error
+                raise OfflineInputError(f".npz array {name!r} is unreadable: {first_line(error)}") from error
     if not isinstance(loaded, np.ndarray):
         raise OfflineInputError(f"{suffix} file holds no array")
     return loaded
@@ -108,16 +108,11 @@ def decode_image(data: bytes, shape: list[int]) -> np.ndarray:
     except OfflineInputError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
-        raise OfflineInputError(f"not a decodable image: {_first_line(error)}") from error
+        raise OfflineInputError(f"not a decodable image: {first_line(error)}") from error
     except Image.DecompressionBombWarning as error:
-        raise OfflineInputError(f"image refused: {_first_line(error)}") from error
+        raise OfflineInputError(f"image refused: {first_line(error)}") from error
     if layout == "hw":
         return pixels
     if channels == 1:
         pixels = pixels[..., np.newaxis]
     return np.transpose(pixels, (2, 0, 1)) if layout == "chw" else pixels
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__

@@ -28,6 +28,7 @@ from modelless.pools.invokers import raise_for_worker_error
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.selection import LambdaTierState
 from modelless.types import InstanceState, InstanceStats, WorkerState
+from modelless.wire import to_json_message
 
 INVOKE_PATH = "/2015-03-31/functions/function/invocations"  # the Lambda runtime emulator's path
 LAMBDA_TIER_ID = "lambda-tier"
@@ -135,7 +136,9 @@ class LocalLambdaTier:
     def _run_in(self, container: _Container, payload: dict[str, Any], invocation: _Invocation) -> None:
         try:
             invocation.response = self._client.post(
-                f"{container.child.address}{INVOKE_PATH}", json=payload, timeout=FUNCTION_TIMEOUT_S
+                f"{container.child.address}{INVOKE_PATH}",
+                json=to_json_message(payload),  # a Lambda event is JSON: its arrays as base64
+                timeout=FUNCTION_TIMEOUT_S,
             )
         except Exception as error:  # httpx's, or the tier closed meanwhile: the caller hears it
             # Dead, or past the function's timeout (where Lambda ends a function too): not reused.

@@ -7,12 +7,21 @@ import os
 from pathlib import Path
 from typing import Protocol
 
+# Files move between disk and a repository in pieces of this size, never whole in memory.
+COPY_CHUNK_BYTES = 1024 * 1024
+
 
 class ModelRepository(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
 
     def get(self, key: str) -> bytes:
         """Raise NotFoundError when the key is missing."""
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Store the file at ``path`` under ``key``, streamed (a model may be a gigabyte)."""
+
+    def get_file(self, key: str, path: Path) -> None:
+        """Write ``key`` to ``path``, streamed; raise NotFoundError when the key is missing."""
 
     def exists(self, key: str) -> bool: ...
 
@@ -29,18 +38,27 @@ def fetch_to_cache(repository: ModelRepository, key: str, cache_dir: Path) -> Pa
     if not target.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(f".{os.getpid()}.partial")
-        partial.write_bytes(repository.get(key))
+        try:
+            repository.get_file(key, partial)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         partial.replace(target)  # atomic: concurrent loaders never read half a file
     return target
 
 
 def open_repository(url: str) -> ModelRepository:
-    """``file:///path`` or a plain path, or ``s3://bucket/prefix`` (endpoint from AWS_ENDPOINT_URL_S3)."""
+    """``file:///path`` or a plain path, ``s3://bucket/prefix`` (endpoint from
+    AWS_ENDPOINT_URL_S3), or ``memory://`` (one process's dictionary: tests)."""
     if url.startswith("s3://"):
         from modelless.repository.s3 import S3ModelRepository
 
         bucket, _, prefix = url[len("s3://") :].partition("/")
         return S3ModelRepository(bucket, prefix)
+    if url == "memory://":
+        from modelless.repository.memory import InMemoryModelRepository
+
+        return InMemoryModelRepository()
     from modelless.repository.local import LocalModelRepository
 
     return LocalModelRepository(Path(url.removeprefix("file://")))

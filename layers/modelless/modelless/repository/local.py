@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from modelless.exceptions import BadRequestError, NotFoundError
+from modelless.repository.base import COPY_CHUNK_BYTES
 
 
 class LocalModelRepository:
@@ -33,6 +34,23 @@ class LocalModelRepository:
             raise NotFoundError(f"no object {key!r} in the model repository", key=key)
         return path.read_bytes()
 
+    def put_file(self, key: str, path: Path) -> None:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        try:
+            _copy(path, partial)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        partial.replace(target)  # readers never see half a file
+
+    def get_file(self, key: str, path: Path) -> None:
+        source = self._path(key)
+        if not source.is_file():
+            raise NotFoundError(f"no object {key!r} in the model repository", key=key)
+        _copy(source, path)
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
@@ -53,3 +71,9 @@ class LocalModelRepository:
             return []
         files = [base] if base.is_file() else [p for p in base.rglob("*") if p.is_file()]
         return sorted(str(p.relative_to(self.root)) for p in files)
+
+
+def _copy(source: Path, target: Path) -> None:
+    """A chunked copy (``shutil.copyfile`` may use sendfile: in the kernel, also never whole)."""
+    with source.open("rb") as reading, target.open("wb") as writing:
+        shutil.copyfileobj(reading, writing, COPY_CHUNK_BYTES)

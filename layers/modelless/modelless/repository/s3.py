@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -33,6 +34,18 @@ class S3ModelRepository:
         body: bytes = response["Body"].read()
         return body
 
+    def put_file(self, key: str, path: Path) -> None:
+        # boto3's managed transfer: multipart above its threshold, read from disk in parts.
+        self._s3.upload_file(str(path), self.bucket, self._key(key))
+
+    def get_file(self, key: str, path: Path) -> None:
+        try:
+            self._s3.download_file(self.bucket, self._key(key), str(path))
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in {"NoSuchKey", "404", "NotFound"}:
+                raise NotFoundError(f"no object {key!r} in the model repository", key=key) from error
+            raise
+
     def exists(self, key: str) -> bool:
         try:
             self._s3.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -55,3 +68,65 @@ class S3ModelRepository:
             batch: list[Any] = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
             self._s3.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
         return len(keys)
+
+
+MISSING_CODES = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
+DENIED_CODES = {"403", "AccessDenied", "Forbidden", "AllAccessDisabled"}
+
+
+def download_object(
+    bucket: str,
+    key: str,
+    target: Path,
+    limit: int,
+    setting: str,
+    field: str,
+    client: Any | None = None,
+) -> int:
+    """Copy ``s3://bucket/key`` (a registration's model or validation set) to ``target``, streamed
+    by boto3's managed transfer; its size is checked first (HEAD), so that an object over ``limit``
+    is refused before a byte of it is read. Returns its size.
+
+    The client is boto3's default, so its endpoint comes from the standard settings
+    (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``), as for the model repository and the offline
+    jobs' objects. A missing bucket or object is a 400 naming ``field``; a refused read a 403 that
+    says what to grant."""
+    from modelless.exceptions import ForbiddenError, InvalidInputError
+    from modelless.validation import too_large
+
+    s3 = client or boto3.client("s3")
+    uri = f"s3://{bucket}/{key}"
+    try:
+        head = s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        if code in DENIED_CODES:
+            raise ForbiddenError(
+                f"{field} {uri}: this deployment may not read it (S3 answered 403): grant the "
+                "gateway's role s3:GetObject on the object, or upload it where the deployment may read",
+                field=field,
+            ) from error
+        if code in MISSING_CODES:
+            if not _bucket_exists(s3, bucket):
+                missing = f"{field} {uri}: bucket {bucket!r} does not exist"
+                raise InvalidInputError(missing, field=field) from error
+            raise InvalidInputError(f"{field} {uri}: no such object", field=field) from error
+        raise
+    size = int(head.get("ContentLength", 0))
+    if size > limit:
+        raise too_large(f"{field} {uri}", limit, setting, size)
+    s3.download_file(bucket, key, str(target))
+    downloaded = target.stat().st_size
+    if downloaded > limit:  # replaced by a larger object between the HEAD and the download
+        target.unlink()
+        raise too_large(f"{field} {uri}", limit, setting, downloaded)
+    return downloaded
+
+
+def _bucket_exists(s3: Any, bucket: str) -> bool:
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except ClientError as error:
+        # Any other answer (403) means it exists, though this deployment may not use it.
+        return str(error.response.get("Error", {}).get("Code", "")) not in MISSING_CODES
+    return True

@@ -1,4 +1,6 @@
-"""A small threaded JSON-over-HTTP server for worker processes (stdlib only: fast start-up)."""
+"""A small threaded HTTP server for worker processes (stdlib only: fast start-up). It speaks
+JSON, and binary frames (``modelless.wire``) to a caller that sends them: the gateway's
+invocations, whose tensors cross as raw bytes."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from modelless.exceptions import ModellessError
+from modelless.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
 
 Route = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -92,6 +95,9 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> J
             self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def _handle(self, method: str) -> None:
+            # Per request: one handler serves every request of a keep-alive connection.
+            framed = (self.headers.get("Content-Type") or "").startswith(FRAMES_MEDIA_TYPE)
+            self._framed_reply = framed or FRAMES_MEDIA_TYPE in (self.headers.get("Accept") or "")
             route = routes.get((method, self.path.split("?")[0]))
             if route is None:
                 self._reply(
@@ -101,7 +107,8 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> J
             length = int(self.headers.get("Content-Length") or 0)
             server.request_started()
             try:
-                body = json.loads(self.rfile.read(length)) if length else {}
+                raw = self.rfile.read(length) if length else b""
+                body = (decode_frames(raw) if framed else json.loads(raw)) if raw else {}
                 self._reply(200, route(body))
             except ModellessError as error:
                 self._reply(error.status_code, {"error": error.to_dict()})
@@ -118,10 +125,15 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> J
         def do_POST(self) -> None:
             self._handle("POST")
 
+        _framed_reply = False
+
         def _reply(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+            if self._framed_reply:
+                data, media_type = encode_frames(payload), FRAMES_MEDIA_TYPE
+            else:
+                data, media_type = json.dumps(to_json_message(payload)).encode(), "application/json"
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", media_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

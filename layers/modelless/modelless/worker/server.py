@@ -45,7 +45,7 @@ from modelless.exceptions import (
 from modelless.monitoring import WorkerMonitor
 from modelless.pools.reporting import make_state_sink
 from modelless.repository import open_repository
-from modelless.runtime import LoadedVariant, VariantRuntime, decode_array, encode_array
+from modelless.runtime import LoadedVariant, VariantRuntime, inputs_of, npy_bytes, run_session
 from modelless.types import VariantProfile
 from modelless.worker import DRAINED_REFUSAL_S
 from modelless.worker.http import announce_ready, make_server, stop_gracefully_on_sigterm
@@ -198,7 +198,8 @@ class Worker:
         background lane: never batched with online queries, never ahead of one that is queued),
         and is recorded apart from them, so that the instance's online QPS, latency and state,
         and what selection and the offline throttle read, stay about online traffic."""
-        inputs = decode_array(payload["inputs_npy_b64"]).astype(np.float32, copy=False)
+        # As the gateway sent it: the model's own dtype (a structured array for several inputs).
+        inputs = inputs_of(payload)
         loaded, load_ms = self._ensure_loaded(variant)
         if self.batching is None:
             result = self.runtime.infer(variant, inputs)  # under the instance's lock, as online runs are
@@ -213,7 +214,7 @@ class Worker:
             outputs, queue_ms, inference_ms = ran.outputs, ran.queue_ms, ran.inference_ms
         self.monitor.finished_offline(time.time(), inference_ms)
         return {
-            "outputs_npy_b64": encode_array(outputs),
+            "outputs_npy": npy_bytes(outputs),
             "batch": int(inputs.shape[0]),
             "load_ms": load_ms,
             "queue_ms": queue_ms,
@@ -226,7 +227,8 @@ class Worker:
         """Serve one invocation through the variant's batcher: the reply, and the (queue_ms,
         inference_ms) pair the monitor is to record for it."""
         deadline = arrived + deadline_ms_of(payload, config.default_deadline_ms) / 1000.0
-        inputs = decode_array(payload["inputs_npy_b64"]).astype(np.float32, copy=False)
+        # As the gateway sent it: the model's own dtype (a structured array for several inputs).
+        inputs = inputs_of(payload)
         # Loading happens here, in the caller's thread: a failed load fails this request alone,
         # never a batch, and its load time is reported to the request that paid it.
         loaded, load_ms = self._ensure_loaded(variant)
@@ -249,7 +251,7 @@ class Worker:
         else:
             monitored = (batched.queue_ms + batched.inference_ms, 0.0)
         return {
-            "outputs_npy_b64": encode_array(batched.outputs),
+            "outputs_npy": npy_bytes(batched.outputs),
             "batch": batched.batch,
             "load_ms": load_ms,
             "queue_ms": batched.queue_ms,
@@ -355,8 +357,7 @@ def _session_runner(loaded: LoadedVariant) -> ModelFn:
 
     def run(inputs: np.ndarray) -> np.ndarray:
         with loaded.lock:
-            outputs: np.ndarray = loaded.session.run(None, {loaded.input_name: inputs})[0]
-        return outputs
+            return run_session(loaded, inputs)
 
     return run
 

@@ -2,27 +2,73 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from dataclasses import asdict
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Any
 
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
+from starlette.datastructures import FormData, UploadFile
 
 from modelless.api.dependencies import CallerAppDep, KeyDep, ServicesDep
-from modelless.api.schemas import ImportProfiles, RegistrationReply
+from modelless.api.schemas import ImportProfiles, RegisterModel, RegistrationReply
 from modelless.auth import authorize_app
-from modelless.exceptions import InvalidModelError, NotFoundError, PayloadTooLargeError
+from modelless.config import Settings, variable_name
+from modelless.exceptions import (
+    InvalidInputError,
+    InvalidModelError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UnsupportedMediaTypeError,
+)
+from modelless.ingest import RegistrationSource, S3Uri
 from modelless.profile_import import import_profiles
 from modelless.types import Registration
+from modelless.validation import too_large
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
+UPLOAD_CHUNK_BYTES = 1024 * 1024  # an upload is copied to disk a piece at a time, never whole
+JSON_BODY_LIMIT = 64 * 1024  # a JSON registration carries URIs, not files
+FORM_FIELDS = set(RegisterModel.model_fields)
+FILE_PARTS = {"model": "model file", "valSet": "validation set", "modelData": "model data file"}
 
-async def _read_limited(upload: UploadFile, limit: int, what: str) -> bytes:
-    data = await upload.read(limit + 1)
-    if len(data) > limit:
-        raise PayloadTooLargeError(f"{what} exceeds the limit of {limit} bytes", limit=limit)
-    return data
+REGISTER_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["appID", "modelName"],
+                    "properties": {
+                        **{
+                            name: {"type": "string", "description": str(info.description or name)}
+                            for name, info in RegisterModel.model_fields.items()
+                        },
+                        "preprocessing": {"type": "string", "description": "a JSON object (a recipe)"},
+                        "model": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "ONNX file or zip/tar",
+                        },
+                        "valSet": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": ".npz validation set",
+                        },
+                        "modelData": {"type": "string", "format": "binary", "description": "x.onnx.data"},
+                    },
+                }
+            },
+            "application/json": {"schema": RegisterModel.model_json_schema()},
+        },
+    }
+}
 
 
 def _reply(request: Request, registration: Registration) -> RegistrationReply:
@@ -37,35 +83,165 @@ def _reply(request: Request, registration: Registration) -> RegistrationReply:
         variantIds=registration.variant_ids,
         pruned=registration.pruned,
         statusUrl=str(request.url_for("registration_status", registration_id=registration.registration_id)),
+        variants=registration.variants,
+        pruneReasons=registration.prune_reasons,
+        etaSeconds=registration.eta_s,
+        createdAt=registration.created_at,
+        firstServableAt=registration.first_servable_at,
+        finishedAt=registration.finished_at,
     )
 
 
-@router.post("/register_model", status_code=202)
-async def register_model(
-    request: Request,
-    services: ServicesDep,
-    key: KeyDep,
-    appID: Annotated[str, Form()],
-    modelName: Annotated[str, Form()],
-    model: Annotated[UploadFile, File(description="ONNX model file")],
-    valSet: Annotated[UploadFile, File(description=".npz with 'inputs' and 'labels'")],
-    metric: Annotated[str, Form(description="accuracy metric: top1 or top5")] = "top1",
-) -> RegistrationReply:
-    authorize_app(services.store, key, appID)
-    if not model.filename or not valSet.filename:
-        raise InvalidModelError("both 'model' and 'valSet' files are required")
-    model_bytes = await _read_limited(model, services.settings.max_model_bytes, "model file")
-    valset_bytes = await _read_limited(valSet, services.settings.max_valset_bytes, "validation set")
-    registration = await run_in_threadpool(
-        services.registrar.register,
-        appID,
-        modelName,
-        model_bytes,
-        valset_bytes,
-        metric,
-        request.state.correlation_id,
-    )
+@router.post("/register_model", status_code=202, openapi_extra=REGISTER_BODY)
+async def register_model(request: Request, services: ServicesDep, key: KeyDep) -> RegistrationReply:
+    """Register a model: files uploaded as multipart/form-data (``model``, ``valSet``, optionally
+    ``modelData``), or s3:// URIs (``modelUri``, ``valSetUri``) as form fields or a JSON body.
+    Uploads are copied to disk in pieces, never held whole in memory (docs/REGISTRATION.md)."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    staging = Path(await run_in_threadpool(tempfile.mkdtemp, prefix="modelless-upload-"))
+    try:
+        if media == "application/json":
+            fields = _fields(await _json_body(request))
+            files: dict[str, Path] = {}
+            authorize_app(services.store, key, fields.appID)
+        elif media in {"multipart/form-data", "application/x-www-form-urlencoded"}:
+            # Starlette spools each file part to a temporary file as it is parsed (1 MB in memory).
+            form = await request.form(max_files=len(FILE_PARTS), max_fields=len(FORM_FIELDS) + 4)
+            try:
+                fields = _fields(_form_values(form))
+                authorize_app(services.store, key, fields.appID)  # before a byte is copied
+                files = await run_in_threadpool(_spool_parts, form, staging, services.settings)
+            finally:
+                await form.close()
+        else:
+            raise UnsupportedMediaTypeError(
+                f"register_model takes multipart/form-data (files) or application/json (s3:// URIs); "
+                f"got {media or 'no content type'!r}"
+            )
+        source = _source(fields, files)
+        registration = await run_in_threadpool(
+            services.registrar.register,
+            fields.appID,
+            fields.modelName,
+            source,
+            fields.metric,
+            request.state.correlation_id,
+            fields.preprocessing,
+        )
+    finally:
+        await run_in_threadpool(shutil.rmtree, staging, True)
     return _reply(request, registration)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > JSON_BODY_LIMIT:
+            raise PayloadTooLargeError(
+                f"a JSON register_model body carries s3:// URIs and fields, at most {JSON_BODY_LIMIT} "
+                "bytes; upload files as multipart/form-data",
+                limit=JSON_BODY_LIMIT,
+            )
+    try:
+        parsed = json.loads(bytes(body))
+    except ValueError as error:
+        raise InvalidInputError(f"the request body is not JSON: {error}") from error
+    if not isinstance(parsed, dict):
+        raise InvalidInputError("the request body must be a JSON object")
+    return parsed
+
+
+def _form_values(form: FormData) -> dict[str, Any]:
+    """The form's plain fields; the preprocessing recipe arrives as a JSON string."""
+    values: dict[str, Any] = {}
+    for name, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            if name not in FILE_PARTS:
+                raise InvalidInputError(
+                    f"unknown file part {name!r}; register_model takes {sorted(FILE_PARTS)}", field=name
+                )
+            continue
+        if name in FILE_PARTS:
+            raise InvalidInputError(f"{name!r} must be a file part (a filename is needed)", field=name)
+        if name in values:
+            raise InvalidInputError(f"field {name!r} is given twice", field=name)
+        values[name] = value
+    raw = values.get("preprocessing")
+    if isinstance(raw, str):
+        try:
+            values["preprocessing"] = json.loads(raw) if raw.strip() else None
+        except ValueError as error:
+            raise InvalidInputError(
+                f"preprocessing must be a JSON object: {error}", field="preprocessing"
+            ) from error
+    return values
+
+
+def _fields(values: dict[str, Any]) -> RegisterModel:
+    try:
+        return RegisterModel.model_validate(values)
+    except ValidationError as error:
+        problems = [
+            f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']}"
+            for item in error.errors(include_url=False)
+        ]
+        raise InvalidInputError(
+            "; ".join(problems) + f" (register_model takes {sorted(FORM_FIELDS | set(FILE_PARTS))})",
+            problems=problems,
+        ) from None
+
+
+def _spool_parts(form: FormData, staging: Path, settings: Settings) -> dict[str, Path]:
+    """Copy each file part to its own file under ``staging``, in pieces, refusing one over its
+    limit with a 413 that names the setting (a model's external data shares the model's)."""
+    limits = {
+        "model": (settings.max_model_bytes, variable_name(Settings, "max_model_bytes")),
+        "modelData": (settings.max_model_bytes, variable_name(Settings, "max_model_bytes")),
+        "valSet": (settings.max_valset_bytes, variable_name(Settings, "max_valset_bytes")),
+    }
+    copied: dict[str, Path] = {}
+    for name, value in form.multi_items():
+        if not isinstance(value, UploadFile):
+            continue
+        if name in copied:
+            raise InvalidInputError(f"file part {name!r} is given twice", field=name)
+        limit, setting = limits[name]
+        target = staging / name
+        written = 0
+        value.file.seek(0)
+        with target.open("wb") as out:
+            while piece := value.file.read(UPLOAD_CHUNK_BYTES):
+                written += len(piece)
+                if written > limit:
+                    raise too_large(FILE_PARTS[name], limit, setting)
+                out.write(piece)
+        copied[name] = target
+    return copied
+
+
+def _source(fields: RegisterModel, files: dict[str, Path]) -> RegistrationSource:
+    """Where the model, its validation set and its external data come from: one way each."""
+    pairs = (("model", "modelUri"), ("valSet", "valSetUri"), ("modelData", "modelDataUri"))
+    chosen: dict[str, Path | S3Uri | None] = {}
+    for part, uri_field in pairs:
+        uri = getattr(fields, uri_field)
+        if part in files and uri:
+            raise InvalidInputError(
+                f"send either a {part!r} file or a {uri_field!r}, not both", field=uri_field
+            )
+        chosen[part] = files[part] if part in files else S3Uri.parse(uri, uri_field) if uri else None
+    model, valset = chosen["model"], chosen["valSet"]
+    if model is None or valset is None:
+        missing = [
+            f"a {part!r} file or a {uri_field!r} (s3://bucket/key)"
+            for part, uri_field in pairs[:2]
+            if chosen[part] is None
+        ]
+        raise InvalidModelError(
+            f"both a model and a validation set are required: send {' and '.join(missing)}"
+        )
+    return RegistrationSource(model, valset, chosen["modelData"])
 
 
 @router.get("/registrations/{registration_id}", name="registration_status")

@@ -1,47 +1,162 @@
-"""online_query: the system picks the variant, the worker and the tier."""
+"""online_query: the system picks the variant, the worker and the tier.
+
+One endpoint, several bodies (docs/QUERIES.md): JSON (``OnlineQuery``: app, targets and inputs in
+the body); or the inputs alone, binary (an ``.npy`` array, an ``.npz`` with one array per input
+name, a PNG or JPEG image for a model with a preprocessing recipe) with the app and targets in the
+query string (``?appID=…&latency=…&accuracy=…&modelName=…``). The route reads the body itself,
+so that reading and decoding it are timed (``timingsMs.decode_ms``) and a binary body never goes
+through JSON parsing.
+"""
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from modelless.api.dependencies import KeyDep, ServicesDep
 from modelless.api.schemas import OnlineQuery, QueryReply
 from modelless.api.services import Services
 from modelless.auth import authorize_app
-from modelless.exceptions import InvalidInputError
+from modelless.exceptions import InvalidInputError, PayloadTooLargeError
+from modelless.inputs import BodyKind, binary_inputs, body_kind, query_inputs
 from modelless.observability import record_query
 from modelless.types import QueryTargets
-from modelless.validation import check_name, check_targets, query_inputs
+from modelless.validation import check_name, check_targets
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 
 
-@router.post("/online_query")
-async def online_query(body: OnlineQuery, request: Request, services: ServicesDep, key: KeyDep) -> QueryReply:
-    # One hop to the thread pool for everything that may wait: the key's and the model's lookups
-    # in the metadata store, and the dispatch to a worker or the Lambda tier.
-    return await run_in_threadpool(answer_query, services, body, key, request.state.correlation_id)
+class QueryParameters(BaseModel):
+    """A binary query's app and targets, from its query string (what a JSON body holds besides
+    its inputs)."""
+
+    model_config = ConfigDict(extra="forbid")
+    appID: str
+    latency: float | None = Field(default=None, description="latency budget in milliseconds")
+    accuracy: float | None = Field(default=None, description="minimum top-1 accuracy in [0, 1]")
+    modelName: str | None = Field(default=None, description="name the model instead of targets")
 
 
-def answer_query(services: Services, body: OnlineQuery, key: str | None, correlation_id: str) -> QueryReply:
-    authorize_app(services.store, key, body.appID)
-    check_targets(body.latency, body.accuracy)
-    if body.modelName is None and body.latency is None and body.accuracy is None:
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+ONLINE_QUERY_OPENAPI: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": name,
+            "in": "query",
+            "required": False,
+            "schema": schema,
+            "description": f"{description} (binary bodies only; a JSON body holds it instead)",
+        }
+        for name, schema, description in (
+            ("appID", {"type": "string"}, "the application; required with a binary body"),
+            ("latency", {"type": "number"}, "latency budget in milliseconds"),
+            ("accuracy", {"type": "number"}, "minimum top-1 accuracy in [0, 1]"),
+            ("modelName", {"type": "string"}, "name the model instead of targets"),
+        )
+    ],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": OnlineQuery.model_json_schema()},
+            "application/x-npy": _BINARY,
+            "application/x-npz": _BINARY,
+            "image/jpeg": _BINARY,
+            "image/png": _BINARY,
+            "application/octet-stream": _BINARY,
+        },
+    },
+}
+ONLINE_QUERY_DESCRIPTION = """\
+Run a query on the variant, worker and tier the system picks for its targets.
+
+The body is either JSON (`appID`, targets and `inputs` as nested lists, or an object of them by
+input name for a model with several inputs), or the inputs alone with `appID`, `latency`,
+`accuracy` and `modelName` in the query string:
+
+- `application/x-npy`: one `.npy` array [batch, *shape] (or one example [*shape]) for a one-input model;
+- `application/x-npz` (or `application/zip`): an `.npz` with one array per input name;
+- `image/jpeg`, `image/png`: one image, decoded with the model's preprocessing recipe;
+- `application/octet-stream`: any of these, recognised by its first bytes.
+
+The body counts against `MODELLESS_MAX_QUERY_BYTES` (413 beyond it); other content types are 415.
+"""
+
+
+@router.post(
+    "/online_query",
+    description=ONLINE_QUERY_DESCRIPTION,
+    openapi_extra=ONLINE_QUERY_OPENAPI,
+    responses={
+        413: {"description": "the body exceeds MODELLESS_MAX_QUERY_BYTES"},
+        415: {"description": "a content type the query (or this model) does not take"},
+    },
+)
+async def online_query(request: Request, services: ServicesDep, key: KeyDep) -> QueryReply:
+    reading = time.perf_counter()
+    try:
+        body = await request.body()
+    except ClientDisconnect as error:
+        # The body-limit middleware cut an oversized body off (and has answered 413 already), or
+        # the client went away: nobody reads what is raised here.
+        raise PayloadTooLargeError(
+            "request body was cut off before its end", limit=services.settings.max_query_bytes
+        ) from error
+    # One hop to the thread pool for everything that may wait or take CPU: the key's and the
+    # model's lookups in the metadata store, decoding the body, and the dispatch to a worker or
+    # the Lambda tier.
+    return await run_in_threadpool(
+        answer_query,
+        services,
+        request.headers.get("content-type"),
+        body,
+        dict(request.query_params),
+        key,
+        request.state.correlation_id,
+        reading,
+    )
+
+
+def answer_query(
+    services: Services,
+    content_type: str | None,
+    body: bytes,
+    parameters: dict[str, str],
+    key: str | None,
+    correlation_id: str,
+    reading: float,
+) -> QueryReply:
+    """``reading``: the ``perf_counter`` at which the route began reading the body; from it to the
+    batch's existence is ``decode_ms``."""
+    kind = body_kind(content_type, body)
+    query = _json_query(body, parameters) if kind is BodyKind.JSON else _query_parameters(parameters)
+    authorize_app(services.store, key, query.appID)
+    check_targets(query.latency, query.accuracy)
+    if query.modelName is None and query.latency is None and query.accuracy is None:
         raise InvalidInputError("give either modelName, or a latency and/or accuracy target")
-    if body.modelName is not None:
-        check_name("modelName", body.modelName)
-    contract = services.dispatcher.profiles.input_contract(body.appID, body.modelName)
-    inputs = query_inputs(body.inputs, contract, services.settings.max_batch)
+    if query.modelName is not None:
+        check_name("modelName", query.modelName)
+    contract = services.dispatcher.profiles.input_contract(query.appID, query.modelName)
+    max_batch = services.settings.max_batch
+    if isinstance(query, OnlineQuery):
+        inputs = query_inputs(query.inputs, contract, max_batch)
+    else:
+        inputs = binary_inputs(kind, body, contract, max_batch)
+    decode_ms = (time.perf_counter() - reading) * 1000
     targets = QueryTargets(
-        app_id=body.appID,
-        latency_ms=body.latency,
-        min_accuracy=body.accuracy or 0.0,
-        model_name=body.modelName,
+        app_id=query.appID,
+        latency_ms=query.latency,
+        min_accuracy=query.accuracy or 0.0,
+        model_name=query.modelName,
         batch=int(inputs.shape[0]),
     )
-    result = services.dispatcher.online_query(targets, inputs, correlation_id)
+    result = services.dispatcher.online_query(targets, inputs, correlation_id, decode_ms=decode_ms)
     record_query(result)
     outputs = result.outputs.astype(np.float64)
     return QueryReply(
@@ -58,4 +173,32 @@ def answer_query(services: Services, body: OnlineQuery, key: str | None, correla
         reason=result.decision.reason,
         expectedLatencyMs=round(result.decision.expected_latency_ms, 3),
         timingsMs=result.timings_ms,
+    )
+
+
+def _json_query(body: bytes, parameters: dict[str, str]) -> OnlineQuery:
+    if parameters:
+        # Two places for one target would leave one of them silently ignored.
+        raise InvalidInputError(
+            "a JSON query gives its appID and targets in the body, not in the query string "
+            f"(got {sorted(parameters)})",
+            parameters=sorted(parameters),
+        )
+    try:
+        return OnlineQuery.model_validate_json(body)
+    except ValidationError as error:
+        raise _request_error(error, "body") from None
+
+
+def _query_parameters(parameters: dict[str, str]) -> QueryParameters:
+    try:
+        return QueryParameters.model_validate(parameters)
+    except ValidationError as error:
+        raise _request_error(error, "query") from None
+
+
+def _request_error(error: ValidationError, where: str) -> RequestValidationError:
+    """The app's one 400 shape for a malformed request, as FastAPI's own body checks give it."""
+    return RequestValidationError(
+        [{**problem, "loc": (where, *problem["loc"])} for problem in error.errors(include_context=False)]
     )

@@ -1,0 +1,72 @@
+"""The validation examples a child process works on, as one batch whatever the number of inputs.
+
+The registered validation set (checked at registration by ``modelless.validation.load_valset``)
+is an ``.npz`` with ``labels`` and, for a one-input model, ``inputs`` (or the input's own name);
+for several inputs, one array per input name. Here it becomes the batch a session is fed through
+``modelless.tensors.to_feeds``: a plain array for one input, a structured array for several.
+The same reading order as ``load_valset``, without its checks (done once, at registration) and
+with the inputs as the artifact's session names and types them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from modelless.tensors import from_feeds
+from modelless.types import TensorSpec
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+# onnxruntime's input type names -> numpy dtype names.
+ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int16)": "int16",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
+
+
+def session_specs(session: ort.InferenceSession) -> list[TensorSpec]:
+    """The session's inputs as specs (shape without the batch dimension; symbolic dims as -1)."""
+    specs = []
+    for tensor in session.get_inputs():
+        dtype = ORT_TYPES.get(tensor.type)
+        if dtype is None:
+            raise ValueError(f"input {tensor.name!r} has type {tensor.type}, which profiling cannot feed")
+        shape = [d if isinstance(d, int) and d > 0 else -1 for d in tensor.shape[1:]]
+        specs.append(TensorSpec(tensor.name, shape, dtype))
+    return specs
+
+
+def read_examples(valset: Path, specs: list[TensorSpec]) -> tuple[np.ndarray, np.ndarray]:
+    """(batch, labels) of every validation example, each input cast to its dtype."""
+    with np.load(valset, allow_pickle=False) as archive:
+        members = set(archive.files)
+        labels = archive["labels"].astype(np.int64)
+        arrays: dict[str, np.ndarray] = {}
+        for spec in specs:
+            if len(specs) == 1 and "inputs" in members:
+                arrays[spec.name] = archive["inputs"]
+            elif spec.name in members:
+                arrays[spec.name] = archive[spec.name]
+            else:
+                raise ValueError(
+                    f"the validation set has no array for input {spec.name!r}: it holds {sorted(members)}"
+                )
+    fixed = [TensorSpec(s.name, list(arrays[s.name].shape[1:]), s.dtype) for s in specs]
+    return from_feeds(arrays, fixed), labels
+
+
+def rows(batch: np.ndarray, count: int) -> np.ndarray:
+    """``count`` rows taken from ``batch`` (cycling through it when it holds fewer): a profile
+    runs real examples, not zeros, which some models (attention masks, ReLU sparsity) notice."""
+    return batch[np.arange(count) % len(batch)]
