@@ -221,11 +221,16 @@ def test_noisy_neighbours_make_an_instance_interfered_and_it_recovers_when_they_
 ) -> None:
     worker = start_worker(one_slot_pool, redis_store)
     inputs = sample_inputs(1)
-    # The profile is what this worker measures alone, at light load (as the profiler would).
-    alone = [
-        invoker.invoke(worker.address, payload(wide_variant(), inputs), INVOKE_TIMEOUT_S)["inference_ms"]
-        for _ in range(40)
-    ]
+    # The profile is what this worker measures without the neighbours, at the light load used
+    # below and for as long as the monitor's window: its p99 then holds whatever tail the
+    # machine's other work gives it, so that the neighbours' leaving brings it back under.
+    alone: list[float] = []
+    until = time.monotonic() + WINDOW_S
+    while time.monotonic() < until or len(alone) < 40:
+        alone.append(
+            invoker.invoke(worker.address, payload(wide_variant(), inputs), INVOKE_TIMEOUT_S)["inference_ms"]
+        )
+        time.sleep(0.02)
     measured_p99 = float(np.percentile(alone[5:], 99))
     variant = wide_variant(p99_ms=measured_p99)
 
