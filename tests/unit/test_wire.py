@@ -64,5 +64,5 @@ def test_a_missing_or_non_base64_field_is_invalid_input() -> None:
         binary_field({"variant_id": "v1"}, "inputs_npy")
     with pytest.raises(InvalidInputError, match="base64"):
         binary_field({"inputs_npy_b64": "not base64!"}, "inputs_npy")
-    with pytest.raises(InvalidInputError, match=r"not a valid \.npy"):
+    with pytest.raises(InvalidInputError, match=r"not a readable \.npy"):
         inputs_of({"inputs_npy": b"not an npy file"})

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from modelless.exceptions import InvalidInputError
+from modelless.inputs import read_npy
 from modelless.repository.base import ModelRepository, fetch_to_cache
 from modelless.tensors import to_feeds
 from modelless.types import VariantProfile
@@ -38,14 +39,6 @@ def npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()
-
-
-def read_npy(raw: bytes, what: str) -> np.ndarray:
-    try:
-        array: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise InvalidInputError(f"{what} are not a valid .npy array: {error}") from error
-    return array
 
 
 def inputs_of(message: Mapping[str, Any]) -> np.ndarray:

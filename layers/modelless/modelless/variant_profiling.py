@@ -344,14 +344,9 @@ class ProfilingRun:
             if precisions.count(Recipe.parse(recipe).precision) < 2:
                 continue  # a precision's only level: nothing to screen it against
             self._save(f"screening {recipe} at batch 1")
-            settings = self._settings
-            args: list[object] = [artifact["path"], self._valset, "--threads", threads, "--max-batch", 1]
-            args += ["--max-runs", settings.profile_runs, "--min-runs", settings.profile_min_runs]
-            args += ["--stability-pct", settings.profile_stability_pct]
-            args += ["--batch-budget-s", min(SCREEN_BUDGET_S, settings.profile_batch_budget_s)]
-            args += ["--ceiling-ms", settings.profile_latency_ceiling_ms]
+            budget_s = min(SCREEN_BUDGET_S, self._settings.profile_batch_budget_s)
             try:
-                timing = run_step("measure", *args, timeout_s=self._estimate.timing_s(1))
+                timing = self._measure(artifact, threads, max_batch=1, batch_budget_s=budget_s)
             except Exception as error:
                 logger.warning("screening step failed", extra={"recipe": recipe, "error": str(error)})
                 continue
@@ -423,14 +418,10 @@ class ProfilingRun:
             )
         fetch_ms = self._fetch_ms(key)
         for index, threads in enumerate(self._thread_counts):
-            settings = self._settings
-            args: list[object] = [artifact["path"], self._valset, "--threads", threads]
-            args += ["--max-runs", settings.profile_runs, "--min-runs", settings.profile_min_runs]
-            args += ["--stability-pct", settings.profile_stability_pct]
-            args += ["--batch-budget-s", settings.profile_batch_budget_s, "--max-batch", self._max_batch]
-            args += ["--ceiling-ms", settings.profile_latency_ceiling_ms]
             try:
-                timing = run_step("measure", *args, timeout_s=self._estimate.timing_s(self._max_batch))
+                timing = self._measure(
+                    artifact, threads, self._max_batch, self._settings.profile_batch_budget_s
+                )
             except Exception as error:
                 self._failed(recipe.name, error, steps_left=len(self._thread_counts) - index)
                 return
@@ -445,6 +436,20 @@ class ProfilingRun:
             ]
             last = index == len(self._thread_counts) - 1
             self._publish(recipe, profiles, timing, accuracy, threads, last)
+
+    def _measure(
+        self, artifact: Mapping[str, Any], threads: int, max_batch: int, batch_budget_s: float
+    ) -> dict[str, Any]:
+        """One timing pass (``python -m variants measure``) of ``artifact``, up to ``max_batch``,
+        with the settings' stopping rule and ``batch_budget_s`` per batch size."""
+        settings = self._settings
+        args: list[object] = [artifact["path"], self._valset, "--threads", threads]
+        args += ["--max-runs", settings.profile_runs, "--min-runs", settings.profile_min_runs]
+        args += ["--stability-pct", settings.profile_stability_pct]
+        args += ["--batch-budget-s", batch_budget_s, "--max-batch", max_batch]
+        args += ["--ceiling-ms", settings.profile_latency_ceiling_ms]
+        timing: dict[str, Any] = run_step("measure", *args, timeout_s=self._estimate.timing_s(max_batch))
+        return timing
 
     def _fetch_ms(self, key: str) -> float:
         """A cold load starts from the repository: time the fetch (the session's start-up is
