@@ -8,7 +8,7 @@ plots beside them); ``scripts/bench all`` runs every part and assembles ``docs/B
     scripts/bench selection [--architectures 100] [--queries 5000] [--rate 1000] [--repeats 3]
     scripts/bench live [--queries 1000] [--metadata memory:// --metadata redis://...]
     scripts/bench zoo
-    scripts/bench scaler|serving|offline|costs [their own options: --help]
+    scripts/bench scaler|serving|offline|costs|soak [their own options: --help]
 
 ``selection``: per-query decision time of the Dispatcher (getVariant + worker choice), the whole
 path a query takes: cached static profiles and their per-batch index, the live state read from
@@ -625,6 +625,7 @@ PARTS: dict[str, str] = {
     "zoo": "variants generated, kept and pruned for the demo (digits) zoo; registration time",
     "scaler": "solve time of the variant-mix program; the greedy's optimality gap",
     "offline": "offline job throughput alone and beside online load (a small MLP)",
+    "soak": "10 minutes at 80 % of measured capacity: errors by kind, p99, SLO attainment, memory slopes",
 }
 # Fragments kept from runs of parts since re-based on the real zoo: the small-model numbers.
 ARCHIVED: dict[str, str] = {
@@ -652,6 +653,11 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("zoo", "live", "digits-serving", "digits-costs", "offline"),
     ),
     (
+        "Endurance",
+        "The whole embedded stack under minutes of steady load: what breaks or grows only with time.",
+        ("soak",),
+    ),
+    (
         "The control plane (synthetic profiles)",
         "Decision and solve times, independent of the models' sizes.",
         ("selection", "scaler"),
@@ -664,13 +670,14 @@ DELEGATED = {
     "scaler": "bench.scaler",
     "serving": "bench.serving",
     "offline": "bench.offline",
+    "soak": "bench.soak",
     "costs": "bench.costs",
 }
 DOC = Path("docs/BENCHMARKS.md")
 
 
 # The parts with a ``--quick`` smoke mode (two models of the real zoo, short loads).
-QUICK_PARTS = ("real-zoo", "variant-picks", "serving", "costs", "offline")
+QUICK_PARTS = ("real-zoo", "variant-picks", "serving", "costs", "offline", "soak")
 
 
 def run_all(parts: list[str], out_dir: Path, quick: bool = False) -> None:

@@ -38,6 +38,22 @@ ensure_venv() {
   fi
 }
 
+# Poll a command until it succeeds (its output discarded), for at most SECONDS; fail saying what
+# never happened. The limit is generous on purpose: a service starting on a busy machine takes
+# many times longer than on an idle one, and the wait ends as soon as the command succeeds.
+wait_until() { # seconds "what is awaited" command [args…]
+  local seconds="$1" what="$2"
+  shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "error: timed out after ${seconds} s waiting for $what" >&2
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
 redis_answers() { # host port
   "$PY" - "$@" <<'PYEOF' >/dev/null 2>&1
 import sys, redis

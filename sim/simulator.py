@@ -963,6 +963,10 @@ class SimProvider:
                 self._sim.remove_worker(worker)
         return workers
 
+    def heal(self, pool: str) -> list[str]:
+        """Simulated workers neither die nor hang: nothing to replace."""
+        return []
+
     def assign(self, pool: str, instances: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
         """``InstancePlacer.place`` on the simulated workers: the instances the plan does not want
         are unloaded, busy or not, the least busy first (a busy one drains: its slot counts as

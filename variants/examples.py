@@ -4,8 +4,9 @@ The registered validation set (checked at registration by ``modelless.validation
 is an ``.npz`` with ``labels`` and, for a one-input model, ``inputs`` (or the input's own name);
 for several inputs, one array per input name. Here it becomes the batch a session is fed through
 ``modelless.tensors.to_feeds``: a plain array for one input, a structured array for several.
-The same reading order as ``load_valset``, without its checks (done once, at registration) and
-with the inputs as the artifact's session names and types them.
+The same reading order as ``load_valset``, without its checks of content (done once, at
+registration) and with the inputs as the artifact's session names and types them; its size
+limits are kept (``modelless.archives``), so that no archive is inflated past them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from modelless.archives import open_zip, read_npz_member
+from modelless.config import get_settings
 from modelless.tensors import from_feeds
 from modelless.types import TensorSpec
 
@@ -47,20 +50,40 @@ def session_specs(session: ort.InferenceSession) -> list[TensorSpec]:
     return specs
 
 
-def read_examples(valset: Path, specs: list[TensorSpec]) -> tuple[np.ndarray, np.ndarray]:
-    """(batch, labels) of every validation example, each input cast to its dtype."""
-    with np.load(valset, allow_pickle=False) as archive:
-        members = set(archive.files)
-        labels = archive["labels"].astype(np.int64)
+def read_examples(
+    valset: Path, specs: list[TensorSpec], max_unpacked_bytes: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(batch, labels) of every validation example, each input cast to its dtype. The arrays are
+    read within ``max_unpacked_bytes`` in all (default: the deployment's validation set limit,
+    ``MODELLESS_MAX_VALSET_UNPACKED_BYTES``), each checked before it is inflated, as
+    registration read them (``modelless.archives``)."""
+    limit = get_settings().valset_unpacked_limit if max_unpacked_bytes is None else max_unpacked_bytes
+    left = limit
+    with open_zip(valset, "the validation set") as archive:
+        infos = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}
+
+        def read(member: str) -> np.ndarray:
+            nonlocal left
+            array = read_npz_member(
+                archive,
+                infos[member],
+                left,
+                f"validation array {member!r}",
+                f"the validation set may unpack to at most {limit} bytes",
+            )
+            left -= array.nbytes
+            return array
+
+        labels = read("labels").astype(np.int64)
         arrays: dict[str, np.ndarray] = {}
         for spec in specs:
-            if len(specs) == 1 and "inputs" in members:
-                arrays[spec.name] = archive["inputs"]
-            elif spec.name in members:
-                arrays[spec.name] = archive[spec.name]
+            if len(specs) == 1 and "inputs" in infos:
+                arrays[spec.name] = read("inputs")
+            elif spec.name in infos:
+                arrays[spec.name] = read(spec.name)
             else:
                 raise ValueError(
-                    f"the validation set has no array for input {spec.name!r}: it holds {sorted(members)}"
+                    f"the validation set has no array for input {spec.name!r}: it holds {sorted(infos)}"
                 )
     fixed = [TensorSpec(s.name, list(arrays[s.name].shape[1:]), s.dtype) for s in specs]
     return from_feeds(arrays, fixed), labels

@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import uvicorn
 
-from infra.local.stack import start_stack
-from modelless.api import create_app
+from infra.local.stack import GracefulServer, refusing_to_start, serve, start_stack
 from modelless.cli import format_table, load_app_key, progress_bar, save_app_key, variant_rows
 from modelless.client import Client, ModellessClientError
 from modelless.observability import logger as gateway_logger
@@ -42,6 +40,8 @@ DEMO_APPS: dict[str, tuple[str, ...] | None] = {
 def ensure_app(client: Client, app_id: str) -> tuple[str, str]:
     """Reuse the app (and its saved key) from an earlier run, or create it."""
     key = load_app_key(app_id)
+    if key is not None and not opens_an_app(client.url, key):
+        key = None  # saved for a store that is not this one (an earlier in-memory run's)
     if key is None:
         try:
             key = client.create_app(app_id)
@@ -53,6 +53,17 @@ def ensure_app(client: Client, app_id: str) -> tuple[str, str]:
             key = client.create_app(app_id)
         save_app_key(app_id, key)
     return app_id, key
+
+
+def opens_an_app(url: str, key: str) -> bool:
+    try:
+        with Client(url, api_key=key) as client:
+            client.models()
+    except ModellessClientError as error:
+        if error.status == 401:
+            return False
+        raise
+    return True
 
 
 def register_zoo(
@@ -338,7 +349,8 @@ def main(argv: list[str] | None = None) -> None:
     # The demo prints its own table; the per-query JSON logs stay available at INFO for `serve`.
     gateway_logger.setLevel("WARNING")
     os.environ["MODELLESS_STATE_DIR"] = str(args.state_dir)
-    stack = start_stack(args.state_dir, args.host, args.port, args.workers, 4, args.metadata)
+    with refusing_to_start():
+        stack = start_stack(args.state_dir, args.host, args.port, args.workers, 4, args.metadata)
     stack.start_scaling(period_s=5.0)
     os.environ["MODELLESS_ADMIN_KEY"] = stack.services.settings.admin_key
     print(
@@ -346,9 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.workers} cpu workers, local Lambda tier)",
         flush=True,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(stack.services), host=args.host, port=args.port, log_level="warning")
-    )
+    server = GracefulServer(stack.services, args.host, args.port)
     done = threading.Event()
     failures: list[str] = []
     threading.Thread(
@@ -363,11 +373,7 @@ def main(argv: list[str] | None = None) -> None:
             server.should_exit = True
 
         threading.Thread(target=stop_when_done, daemon=True).start()
-    try:
-        server.run()
-    finally:
-        stack.close()
-        print("modelless: stopped", flush=True)
+    serve(stack, server)
     if failures:
         raise SystemExit(1)
 

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from modelless.client import Client
+from tests.waiting import scaled, wait_for_process
 
 
 def free_port() -> int:
@@ -39,7 +39,7 @@ class RunningStack:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
-                return self.process.wait(timeout_s)
+                return self.process.wait(scaled(timeout_s))
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
@@ -69,13 +69,7 @@ def start_stack(state_dir: Path, metadata: str, workers: int = 2) -> RunningStac
     )
     url = f"http://127.0.0.1:{port}"
     client = Client(url)
-    deadline = time.monotonic() + 60
-    while not client.health():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            output = process.stdout.read() if process.stdout else ""
-            raise RuntimeError(f"stack did not come up:\n{output}")
-        time.sleep(0.2)
+    wait_for_process(process, client.health, 60.0, f"the stack to answer on {url}")
     import json
 
     admin_key = json.loads((state_dir / "stack.json").read_text())["admin_key"]

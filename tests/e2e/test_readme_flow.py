@@ -9,7 +9,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from modelless.config import Settings
 from tests.conftest import service_url
 from tests.e2e.conftest import RunningStack, free_port, start_stack
 from tests.models import digits, hidden_model, linear_model, valset_npz
+from tests.waiting import wait_for
 
 
 def cli(stack: RunningStack, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -45,16 +45,16 @@ def write_models(directory: Path) -> None:
 
 def query_until_active(client: Client, app: str, accuracy: float, latency: float) -> dict[str, Any]:
     """The first query with tight targets may miss while its variant loads; bounded retries."""
-    deadline = time.monotonic() + 20
-    while True:
+
+    def attempt() -> dict[str, Any] | None:
         try:
-            reply = client.online_query(digits()[0][3], app, latency=latency, accuracy=accuracy)
+            return client.online_query(digits()[0][3], app, latency=latency, accuracy=accuracy)
         except ModellessClientError as error:
-            if error.status != 422 or "warming" not in error.details or time.monotonic() > deadline:
+            if error.status != 422 or "warming" not in error.details:
                 raise
-            time.sleep(0.3)
-            continue
-        return reply
+            return None  # its variant is still loading: again
+
+    return wait_for(attempt, 20.0, f"a query at {latency} ms / {accuracy} to find its variant warm", 0.3)
 
 
 def run_flow(stack: RunningStack, workdir: Path) -> None:
@@ -146,10 +146,8 @@ def test_readme_flow_against_real_redis(tmp_path: Path) -> None:
     stack = start_stack(tmp_path / "state", f"{url}?prefix={prefix}")
     try:
         run_flow(stack, tmp_path)
-        client = Client(
-            stack.url, api_key=json.loads((stack.state_dir / "credentials.json").read_text()).popitem()[1]
-        )
-        workers = {w["worker_id"]: w for w in client.workers()}
+        client = Client(stack.url, admin_key=stack.admin_key)
+        workers = {w["worker_id"]: w for w in client.workers(admin=True)}  # every app's, addresses too
         # Workers report their state through Redis. Which of the two started is still there depends
         # on the scaler: an idle worker is let go once the plan has not wanted it for its hold.
         cpu_workers = [w for w in workers.values() if w["pool"] == "cpu"]
@@ -179,10 +177,13 @@ def test_ctrl_c_stops_every_process(memory_stack: RunningStack) -> None:
     children = child_pids(memory_stack.process.pid)
     assert len(children) >= 2  # the worker processes
     assert memory_stack.stop() == 0
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() for pid in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()]
+    wait_for(
+        lambda: [pid for pid in children if Path(f"/proc/{pid}").exists()],
+        10.0,
+        "every child process to exit",
+        interval_s=0.1,
+        until=lambda alive: not alive,
+    )
 
 
 def test_uploads_over_the_size_limit_are_refused(memory_stack: RunningStack) -> None:

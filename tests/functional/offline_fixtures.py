@@ -25,6 +25,7 @@ from modelless.pools.local import LocalWorkerPool
 from modelless.types import VariantProfile
 from tests.functional.workers_kit import APP, make_variant, publish_linear_model, sample_inputs, start_worker
 from tests.offline_kit import npy
+from tests.waiting import scaled
 
 
 class NoLaunch:
@@ -154,7 +155,7 @@ def receive_all(queue_url: str, expect: int, timeout_s: float = 10.0) -> list[di
     configured, left out), as raw SQS messages."""
     sqs = boto3.client("sqs")
     messages: list[dict[str, object]] = []
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while len(messages) < expect and time.monotonic() < deadline:
         reply = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
         for message in reply.get("Messages", []):

@@ -46,9 +46,9 @@ from tests.functional.workers_kit import (
     report_url_of,
     reported,
     sample_inputs,
-    wait_for,
     worker_pool,
 )
+from tests.waiting import scaled, wait_for
 
 PLACED_WITHIN_S = 20.0
 
@@ -151,7 +151,7 @@ def test_a_draining_instance_refuses_new_queries_finishes_its_own_then_frees_its
     outcome: list[dict[str, Any]] = []
     request = threading.Thread(target=lambda: outcome.append(worker.invoke(payload(variant, inputs))))
     request.start()
-    assert entered.wait(INVOKE_TIMEOUT_S), "the request never ran"
+    assert entered.wait(scaled(INVOKE_TIMEOUT_S)), "the request never ran"
 
     reply = worker.unload({"variant_id": variant.variant_id, "wait_s": 0.05, "reserve": True})
 
@@ -165,7 +165,7 @@ def test_a_draining_instance_refuses_new_queries_finishes_its_own_then_frees_its
     assert refused.value.status_code == 503
 
     release.set()
-    request.join(INVOKE_TIMEOUT_S)
+    request.join(scaled(INVOKE_TIMEOUT_S))
     [body] = outcome  # the query it held is answered
     np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
     freed = worker.monitor.snapshot(0.0)

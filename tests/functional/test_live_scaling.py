@@ -54,10 +54,10 @@ from tests.functional.workers_kit import (
     reported,
     sample_inputs,
     start_worker,
-    wait_for,
     worker_pool,
 )
 from tests.models import wide_model
+from tests.waiting import scaled, wait_for
 
 WIDE_KEY = f"apps/{APP}/{MODEL}/variants/wide.onnx"
 # A state change shows in a report once the monitor's window has turned over.
@@ -130,7 +130,7 @@ class Neighbours:
         self._worker = (pid, cores)
         core = {min(cores)}
         self._set_worker_cores(pid, core)
-        spin = f"import time\nend = time.time() + {LOAD_LIMIT_S}\nwhile time.time() < end: pass"
+        spin = f"import time\nend = time.time() + {scaled(LOAD_LIMIT_S)}\nwhile time.time() < end: pass"
         self._processes += [
             subprocess.Popen([sys.executable, "-c", spin], preexec_fn=lambda: self._pin_and_raise(core))
             for _ in range(self.PER_CORE)
@@ -197,9 +197,10 @@ def test_saturating_load_makes_an_instance_overloaded_and_it_recovers_when_the_l
     load = Load(callers, lambda: invoker.invoke(worker.address, payload(variant, inputs), INVOKE_TIMEOUT_S))
     try:
         wait_for(
-            lambda: state_of() is InstanceState.OVERLOADED,
+            state_of,
             STATE_WITHIN_S,
             f"the instance to report Overloaded under {callers} closed-loop callers",
+            until=lambda state: state is InstanceState.OVERLOADED,
         )
     finally:
         load.stop()
@@ -207,9 +208,10 @@ def test_saturating_load_makes_an_instance_overloaded_and_it_recovers_when_the_l
     assert load.results, "no query was answered under load"
 
     wait_for(
-        lambda: instance_state(redis_store, worker.worker_id, variant.variant_id) is InstanceState.ACTIVE,
+        state_of,
         STATE_WITHIN_S,
         "the instance to be Active again once the load stopped",
+        until=lambda state: state is InstanceState.ACTIVE,
     )
 
 
@@ -244,15 +246,17 @@ def test_noisy_neighbours_make_an_instance_interfered_and_it_recovers_when_they_
     try:
         neighbours.start_beside(one_slot_pool.workers()[worker.worker_id].process.pid)
         wait_for(
-            lambda: state_of() is InstanceState.INTERFERED,
+            state_of,
             STATE_WITHIN_S,
             f"the instance to report Interfered next to busy neighbours (profiled p99 {measured_p99:.2f} ms)",
+            until=lambda state: state is InstanceState.INTERFERED,
         )
         neighbours.stop()
         wait_for(
-            lambda: state_of() is InstanceState.ACTIVE,
+            state_of,
             2 * STATE_WITHIN_S,  # the window turns over once the last slow runs have left it
             "the instance to be Active again once the neighbours left",
+            until=lambda state: state is InstanceState.ACTIVE,
         )
     finally:
         load.stop()
@@ -345,7 +349,7 @@ def test_a_tight_query_overlapping_a_warm_containers_run_loads_on_a_worker_inste
             QueryTargets(app_id=APP, min_accuracy=0.5, latency_ms=budget_ms), inputs
         )
     finally:
-        first.join(INVOKE_TIMEOUT_S * 2)
+        first.join(scaled(INVOKE_TIMEOUT_S * 2))
     assert not first.is_alive(), "the long query hung"
 
     assert tight.tier is Tier.WORKER and not tight.cold_start, tight.decision.reason
@@ -402,12 +406,12 @@ def test_load_scales_the_pool_up_then_down_and_no_query_is_lost_while_a_worker_l
             assert workers.size >= 2
             assert provider.assignments["cpu"], "the plan placed instances on the pool"
             planned = sum(provider.assignments["cpu"].values())
-            loaded = wait_for(
-                lambda: sum(len(w.instances) for w in redis_store.list_workers("cpu")) >= planned or None,
+            wait_for(
+                lambda: sum(len(w.instances) for w in redis_store.list_workers("cpu")),
                 STATE_WITHIN_S,
                 f"the workers to report the plan's {planned} instances loaded",
+                until=lambda reported_instances: reported_instances >= planned,
             )
-            assert loaded
             load.stop()
             assert load.errors == [], load.errors[:3]
 
@@ -417,14 +421,16 @@ def test_load_scales_the_pool_up_then_down_and_no_query_is_lost_while_a_worker_l
             held = scaler.tick(now=quiet)
             assert held.held.get("cpu") == (workers.size, 1), str(held.summary())
             trickle = Load(3, lambda: dispatcher.online_query(targets, inputs), pause_s=0.01)
-            time.sleep(0.5)  # queries in flight on every worker when the scale-down starts
+            # Queries in flight on every worker when the scale-down starts.
+            wait_for(lambda: trickle.count() >= 6, 5.0, "the trickle's first answers")
             # What the plan sees of the trickle on the test's clock: a load one instance takes (the
             # plan keeps the instance it uses; a plan without it would drain it, which the drain
             # tests cover). The gateway counts on the real clock, which the test moved past.
             for second in range(1, 5):
                 redis_store.add_load({group_of(targets).key: 8}, int(quiet) + second)
             down = scaler.tick(now=quiet + 5.0)
-            time.sleep(0.5)
+            answered = trickle.count()
+            wait_for(lambda: trickle.count() >= answered + 6, 5.0, "answers after the scale-down")
             trickle.stop()
             assert down.workers["cpu"] == 1, str(down.summary())
             assert workers.size == 1
@@ -460,7 +466,7 @@ def test_a_worker_killed_mid_query_has_the_query_answered_on_the_lambda_tier(
     query.start()
     wait_for(lambda: queued_on(worker.address) > 0, STATE_WITHIN_S, "the big query to be in flight")
     one_slot_pool.kill(worker.worker_id)
-    query.join(INVOKE_TIMEOUT_S * 2)
+    query.join(scaled(INVOKE_TIMEOUT_S * 2))
     assert not query.is_alive(), "the query hung after its worker died"
 
     [result] = outcome

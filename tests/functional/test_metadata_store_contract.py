@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from modelless.exceptions import ConflictError
-from modelless.metadata.base import WORKER_STALE_AFTER_S, MetadataStore
+from modelless.metadata.base import WORKER_STALE_AFTER_S, IdempotentRequest, MetadataStore
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.types import (
     InstanceState,
@@ -27,6 +27,7 @@ from modelless.types import (
     VariantProfile,
     WorkerState,
 )
+from tests.waiting import scaled, wait_for
 
 APP = "app-one"
 OTHER_APP = "app-two"
@@ -469,6 +470,77 @@ def test_selection_state_reads_version_and_live_workers(any_store: MetadataStore
     assert any_store.selection_state(OTHER_APP)[0] == 0
 
 
+# --- idempotency keys ---------------------------------------------------------------------------
+
+
+def pending(fingerprint: str = "request-a", claim: str = "claim-1") -> IdempotentRequest:
+    return IdempotentRequest(fingerprint, claim)
+
+
+def test_an_idempotency_key_is_claimed_once_then_holds_its_reply(any_store: MetadataStore) -> None:
+    first = pending()
+    assert any_store.claim_request(APP, "register_model", "key-1", first, 60) is None  # taken
+
+    # A retry while the first runs sees it running; nothing it passes is written.
+    assert any_store.claim_request(APP, "register_model", "key-1", pending(claim="claim-2"), 60) == first
+
+    done = IdempotentRequest(first.fingerprint, first.claim, '{"registrationId": "r1"}')
+    any_store.complete_request(APP, "register_model", "key-1", done, 60)
+    assert any_store.claim_request(APP, "register_model", "key-1", pending(claim="claim-3"), 60) == done
+
+    # Keys are per app and per operation.
+    assert any_store.claim_request(OTHER_APP, "register_model", "key-1", pending(), 60) is None
+    assert any_store.claim_request(APP, "offline_query", "key-1", pending(), 60) is None
+
+
+def test_a_released_claim_frees_the_key_and_nothing_else(any_store: MetadataStore) -> None:
+    first = pending()
+    assert any_store.claim_request(APP, "offline_query", "key-2", first, 60) is None
+
+    any_store.release_request(APP, "offline_query", "key-2", pending(claim="someone-else"))
+    assert any_store.claim_request(APP, "offline_query", "key-2", pending(claim="claim-2"), 60) == first
+
+    any_store.release_request(APP, "offline_query", "key-2", first)
+    again = pending(claim="claim-3")
+    assert any_store.claim_request(APP, "offline_query", "key-2", again, 60) is None
+
+    done = IdempotentRequest(again.fingerprint, again.claim, '{"jobId": "j1"}')
+    any_store.complete_request(APP, "offline_query", "key-2", done, 60)
+    any_store.release_request(APP, "offline_query", "key-2", again)  # a reply is never released
+    assert any_store.claim_request(APP, "offline_query", "key-2", pending(claim="claim-4"), 60) == done
+
+
+def test_an_idempotency_key_expires(any_store: MetadataStore) -> None:
+    assert any_store.claim_request(APP, "offline_query", "key-3", pending(), 0.2) is None
+    assert any_store.claim_request(APP, "offline_query", "key-3", pending(claim="c2"), 60) is not None
+
+    wait_for(
+        lambda: any_store.claim_request(APP, "offline_query", "key-3", pending(claim="c3"), 60) is None,
+        5,
+        "the idempotency key's claim to expire",
+    )
+
+
+def test_of_racing_claims_on_one_key_exactly_one_wins(any_store: MetadataStore) -> None:
+    start = threading.Barrier(8)
+    won: list[str] = []
+
+    def claim(index: int) -> None:
+        start.wait()
+        if any_store.claim_request(APP, "register_model", "key-4", pending(claim=f"c{index}"), 60) is None:
+            won.append(f"c{index}")
+
+    threads = [threading.Thread(target=claim, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(scaled(10))
+
+    assert len(won) == 1
+    held = any_store.claim_request(APP, "register_model", "key-4", pending(claim="late"), 60)
+    assert held is not None and held.claim == won[0]
+
+
 # --- Redis only -------------------------------------------------------------------------------
 
 
@@ -479,6 +551,7 @@ def _exercise_every_write(store: MetadataStore) -> None:
     store.put_registration(Registration("reg-extra", APP, "vgg"))
     store.delete_model(APP, "vgg")
     store.put_worker_state(make_worker("cpu-0"))
+    store.claim_request(APP, "register_model", "a key: any text", IdempotentRequest("f", "c"), 60)
 
 
 def _all_keys(client: redis.Redis) -> set[str]:  # type: ignore[type-arg]
@@ -496,7 +569,8 @@ def test_redis_keys_all_live_under_the_store_prefix(redis_store: RedisMetadataSt
     strays = {k for k in _all_keys(redis_store._redis) - before if not k.startswith("test-")}
     assert strays == set()
     kinds = {k[len(prefix) :].split(":")[0] for k in ours}
-    assert {"app", "apikey", "model", "models", "registration", "variants", "idx", "workers"} <= kinds
+    wrote = {"app", "apikey", "model", "models", "registration", "variants", "idx", "workers", "request-key"}
+    assert wrote <= kinds
     assert {k for k in _all_keys(redis_store._redis) if APP in k} <= ours
 
     redis_store.flush_namespace()
@@ -533,11 +607,12 @@ def test_redis_publish_is_one_multi_exec_transaction(redis_store: RedisMetadataS
     ready = threading.Event()
     monitor = threading.Thread(target=_monitor, args=(base, sentinel, seen, ready), daemon=True)
     monitor.start()
-    assert ready.wait(5), "MONITOR did not start"
-    time.sleep(0.2)  # the MONITOR command itself must reach the server first
+    # Set once the server has answered MONITOR (redis-py reads its OK before entering the block):
+    # the server relays every later command, so nothing needs to settle before the publish.
+    assert ready.wait(scaled(5)), "MONITOR did not start"
     register_and_publish_existing(redis_store, model, registration, variants)
     redis_store._redis.get(sentinel)
-    monitor.join(10)
+    monitor.join(scaled(10))
     assert not monitor.is_alive(), "MONITOR never saw the sentinel"
 
     writes = [c for c in seen if prefix in c["command"] and sentinel not in c["command"]]
@@ -579,7 +654,7 @@ def test_redis_reader_never_sees_variants_of_a_model_not_ready(redis_store: Redi
             register_and_publish(redis_store, APP, name, [make_variant(APP, name, "fp32-basic")])
     finally:
         stop.set()
-        watcher.join(10)
+        watcher.join(scaled(10))
         reader.close()
 
     assert not watcher.is_alive()

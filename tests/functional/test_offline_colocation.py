@@ -38,7 +38,6 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,9 +64,9 @@ from tests.functional.workers_kit import (
     publish_linear_model,
     sample_inputs,
     start_worker,
-    wait_for,
 )
 from tests.models import wide_model
+from tests.waiting import scaled, wait_for
 
 # The throttle's latency threshold: the child runner's, from the deployment's default settings.
 PAUSE_LATENCY_RATIO = Settings().offline_pause_latency_ratio
@@ -156,7 +155,7 @@ class PacedLoad:
     def close(self) -> None:
         self.stop.set()
         for thread in self.threads:
-            thread.join(10)
+            thread.join(scaled(10))
 
 
 @dataclass
@@ -187,7 +186,7 @@ class SaturatingLoad:
     def close(self) -> None:
         self.stop.set()
         for thread in self.threads:
-            thread.join(30)
+            thread.join(scaled(30))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -200,10 +199,6 @@ def describe(values: list[float]) -> str:
         f"{len(values)} queries, p50 {statistics.median(values):.1f} ms, "
         f"p99 {percentile(values, 0.99):.1f} ms, max {max(values):.1f} ms"
     )
-
-
-def eventually(probe: Callable[[], bool], timeout_s: float, what: str) -> None:
-    wait_for(lambda: probe() or None, timeout_s, what, interval_s=0.1)
 
 
 def test_an_offline_job_yields_to_online_load_and_completes_with_online_p99_within_budget(
@@ -238,13 +233,15 @@ def test_an_offline_job_yields_to_online_load_and_completes_with_online_p99_with
         # Busy: the worker's online utilisation (or its instance's state) passes the throttle's
         # threshold; the job submitted now waits, says why, and writes nothing.
         saturating.start()
-        eventually(
-            lambda: any(
-                w.online_utilisation > 0.40 or any(i.state.value != "active" for i in w.instances)
-                for w in redis_store.list_workers()
-            ),
-            30.0,  # a report window or more; longer on a busy machine
+        wait_for(
+            redis_store.list_workers,
+            30.0,  # a report window or more
             "the saturating load to show in the worker's report",
+            interval_s=0.1,
+            until=lambda workers: any(
+                w.online_utilisation > 0.40 or any(i.state.value != "active" for i in w.instances)
+                for w in workers
+            ),
         )
         job = service.submit(JobSpec(APP, f"s3://{buckets.data}/in/", f"s3://{buckets.data}/out/", 0.5))
         runner = threading.Thread(target=lambda: reports.append(run_job(job.job_id)), daemon=True)
@@ -254,7 +251,7 @@ def test_an_offline_job_yields_to_online_load_and_completes_with_online_p99_with
             current = redis_store.get_job(job.job_id)
             return current is not None and current.paused
 
-        eventually(paused, 20.0, "the job to pause beside the saturating load")
+        wait_for(paused, 20.0, "the job to pause beside the saturating load", interval_s=0.1)
         time.sleep(1.0)
         waiting = redis_store.get_job(job.job_id)
         assert waiting is not None and waiting.paused, (waiting, redis_store.list_workers())
@@ -266,7 +263,7 @@ def test_an_offline_job_yields_to_online_load_and_completes_with_online_p99_with
         saturating.close()
         calm_from = time.time()
 
-        eventually(lambda: bool(reports), 90.0, "the job to complete beside the paced online load")
+        wait_for(lambda: bool(reports), 90.0, "the job to complete beside the paced load", interval_s=0.1)
         finished = redis_store.get_job(job.job_id)
         assert finished is not None and finished.finished_at is not None
         colocated = paced.between(calm_from, finished.finished_at)
@@ -280,7 +277,7 @@ def test_an_offline_job_yields_to_online_load_and_completes_with_online_p99_with
         saturating.close()
         run_job.close()
         if runner is not None:
-            runner.join(30)
+            runner.join(scaled(30))
         service.close()
         invoker.close()
         saturating.invoker.close()

@@ -37,6 +37,7 @@ from tests.functional.offline_fixtures import (
 )
 from tests.functional.workers_kit import APP, expected_logits, sample_inputs
 from tests.offline_kit import npy
+from tests.waiting import scaled
 
 pytestmark = pytest.mark.filterwarnings("ignore:Couldn't determine the remaining time left")
 
@@ -91,7 +92,7 @@ def test_a_duplicate_delivered_while_the_first_is_handled_is_turned_away(
 
         def held_start(record: dict[str, Any]) -> dict[str, Any]:
             entered.set()  # inside the idempotent section: its record says "in progress"
-            assert release.wait(30)
+            assert release.wait(scaled(30))
             result: dict[str, Any] = start(record)
             return result
 
@@ -100,11 +101,11 @@ def test_a_duplicate_delivered_while_the_first_is_handled_is_turned_away(
         first = threading.Thread(target=lambda: replies.append(offline.handler(event, LambdaContext())))
         first.start()
         try:
-            assert entered.wait(30)
+            assert entered.wait(scaled(30))
             duplicate = offline.handler(event, LambdaContext())
         finally:
             release.set()
-            first.join(60)
+            first.join(scaled(60))
 
     # The duplicate did nothing at all: no job touched, nothing run.
     assert duplicate == {"events": [], "runs": []}

@@ -47,9 +47,9 @@ from tests.functional.workers_kit import (
     make_variant,
     publish_linear_model,
     sample_inputs,
-    wait_for,
 )
 from tests.offline_kit import npy
+from tests.waiting import scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,13 +121,18 @@ def test_a_runner_killed_mid_job_is_resumed_and_every_result_exists_once(
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(lambda: redis_store.job_progress(job.job_id)[0] >= 10, 30.0, "the runner's first results")
+        wait_for(
+            lambda: redis_store.job_progress(job.job_id)[0],
+            30.0,
+            "the runner's first 10 results",
+            until=lambda done: done >= 10,
+        )
         runner.send_signal(signal.SIGKILL)
-        runner.wait(10)
+        runner.wait(scaled(10))
     finally:
         if runner.poll() is None:
             runner.kill()
-            runner.wait(10)
+            runner.wait(scaled(10))
     done_at_kill = redis_store.job_progress(job.job_id)[0]
     assert 10 <= done_at_kill < count, "the runner finished before it could be killed mid-job"
     # Killed without any clean-up: its lease is still there, and stops a new runner until it expires.
@@ -222,7 +227,7 @@ def restricted_s3() -> Iterator[tuple[Any, str, str]]:
         yield client, "open-bucket", "locked-bucket"
     finally:
         server.terminate()
-        server.wait(10)
+        server.wait(scaled(10))
 
 
 def _answers(url: str) -> bool:

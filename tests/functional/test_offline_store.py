@@ -66,7 +66,9 @@ def test_concurrent_markers_of_one_input_count_once(any_store: MetadataStore) ->
 
 
 def test_a_lease_is_held_by_one_owner_until_released_or_expired(any_store: MetadataStore) -> None:
+    assert any_store.job_lease_expires_in_s("job-1") is None
     assert any_store.acquire_job_lease("job-1", "runner-a", 30.0)
+    assert 29.0 < (any_store.job_lease_expires_in_s("job-1") or 0.0) <= 30.0
     assert any_store.acquire_job_lease("job-1", "runner-a", 30.0)  # its holder may take it again
     assert not any_store.acquire_job_lease("job-1", "runner-b", 30.0)
     assert any_store.job_lease_holder("job-1") == "runner-a"
@@ -79,6 +81,7 @@ def test_a_lease_is_held_by_one_owner_until_released_or_expired(any_store: Metad
     assert any_store.acquire_job_lease("job-1", "runner-b", 0.2)
     time.sleep(0.35)
     assert any_store.job_lease_holder("job-1") is None  # expired: its holder crashed
+    assert any_store.job_lease_expires_in_s("job-1") is None
     assert not any_store.renew_job_lease("job-1", "runner-b", 30.0)
     assert any_store.acquire_job_lease("job-1", "runner-c", 30.0)
 

@@ -20,7 +20,8 @@ from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.aws import PLAN_TAG, TAG_VALUE_LIMIT, AwsPoolProvider
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.types import InstanceState, InstanceStats, WorkerState
-from tests.functional.workers_kit import Setup, make_variant, reported, wait_for
+from tests.functional.workers_kit import Setup, make_variant, reported
+from tests.waiting import wait_for
 
 
 def group_instances(client: Any, name: str) -> list[str]:
@@ -83,6 +84,35 @@ def test_scaling_in_terminates_the_instances_that_cost_least_to_lose(
     # Never below the group's MinSize (1): the lightest of the two leaves.
     assert provider.scale("cpu", 0) == 1
     assert group_instances(client, name) == [busy]
+
+
+def test_an_instance_whose_worker_went_silent_is_handed_to_the_group_for_replacement(
+    autoscaling_group: tuple[Any, str], redis_store: RedisMetadataStore
+) -> None:
+    client, name = autoscaling_group
+    provider = AwsPoolProvider({"cpu": name}, redis_store, client=client, silent_after_s=30.0)
+    provider.scale("cpu", 3)
+    silent, alive, booting = wait_instances(client, name, 3)
+    report(redis_store, alive, 0.2, [])
+    report(redis_store, silent, 0.2, [])
+    last = redis_store.list_worker_reports("cpu")
+    # The silent worker's last report is 31 s old: stale for selection long ago, and past the
+    # provider's patience. The booting instance never reported: the group's own checks cover it.
+    aged = next(w for w in last if w.worker_id == silent)
+    redis_store.put_worker_state(WorkerState(**{**aged.__dict__, "reported_at": time.time() - 31.0}))
+    assert {w.worker_id for w in redis_store.list_workers("cpu")} == {alive}
+
+    assert provider.heal("cpu") == [silent]
+
+    health = {  # AWS spells it "Unhealthy" in one call and "UNHEALTHY" in another
+        i["InstanceId"]: i["HealthStatus"].upper()
+        for i in client.describe_auto_scaling_instances(InstanceIds=[silent, alive, booting])[
+            "AutoScalingInstances"
+        ]
+    }
+    assert health == {silent: "UNHEALTHY", alive: "HEALTHY", booting: "HEALTHY"}
+    assert {w.worker_id for w in redis_store.list_worker_reports("cpu")} == {alive}
+    assert provider.heal("cpu") == []  # once
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ from modelless.repository.local import LocalModelRepository
 from modelless.types import RegistrationStatus, TensorSpec
 from tests.e2e.conftest import free_port
 from tests.models import linear_model, valset_npz
+from tests.waiting import scaled, wait_for_process
 
 APP = "sources"
 MiB = 1024 * 1024
@@ -341,14 +341,7 @@ def start_gateway(tmp_path: Path, **limits: int) -> Gateway:
     )
     url = f"http://127.0.0.1:{port}"
     probe = Client(url)
-    deadline = time.monotonic() + 60
-    while not probe.health():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(
-                f"the gateway did not come up: {process.stdout.read() if process.stdout else ''}"
-            )
-        time.sleep(0.2)
+    wait_for_process(process, probe.health, 60.0, f"the gateway to answer on {url}")
     probe.close()
     key = Client(url, admin_key=ADMIN_KEY).create_app(APP)
     return Gateway(url, process, Client(url, api_key=key, timeout_s=300))
@@ -362,7 +355,7 @@ def gateway(tmp_path: Path) -> Iterator[Gateway]:
     finally:
         running.client.close()
         running.process.terminate()
-        running.process.wait(30)
+        running.process.wait(scaled(30))
 
 
 def test_a_70mb_model_streams_in_without_the_gateway_holding_it(gateway: Gateway, tmp_path: Path) -> None:

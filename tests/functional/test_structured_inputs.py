@@ -31,6 +31,7 @@ from tests.functional.workers_kit import (
     start_worker,
 )
 from tests.input_models import TOKEN_SPECS, token_inputs, token_logits, token_model, token_record
+from tests.waiting import scaled
 
 TOKENS_KEY = f"apps/{APP}/tokens/variants/fp32-basic.onnx"
 
@@ -87,7 +88,7 @@ def test_concurrent_structured_int64_batches_share_batches_on_a_worker_process(
     for thread in callers:
         thread.start()
     for thread in callers:
-        thread.join(INVOKE_TIMEOUT_S * 2)
+        thread.join(scaled(INVOKE_TIMEOUT_S * 2))
     assert not any(thread.is_alive() for thread in callers), "a caller hung"
     assert errors == []
 

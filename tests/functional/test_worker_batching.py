@@ -34,6 +34,7 @@ from modelless.runtime import npy_bytes, outputs_of
 from modelless.types import VariantProfile, WorkerState
 from tests.functional.workers_kit import report_url_of, worker_pool
 from tests.models import digits, linear_model, wide_model
+from tests.waiting import scaled
 
 APP = "batching-app"
 LINEAR_KEY = f"apps/{APP}/linear/variants/fp32-basic.onnx"
@@ -204,7 +205,7 @@ def hammer(
     for worker in workers:
         worker.start()
     for worker in workers:
-        worker.join(INVOKE_TIMEOUT_S * 2)
+        worker.join(scaled(INVOKE_TIMEOUT_S * 2))
     assert not any(w.is_alive() for w in workers), "a caller hung"
     assert errors == []
     return replies
@@ -334,7 +335,7 @@ def measure(
     for thread in callers:
         thread.start()
     for thread in callers:
-        thread.join(duration_s + INVOKE_TIMEOUT_S)
+        thread.join(duration_s + scaled(INVOKE_TIMEOUT_S))
     assert not any(t.is_alive() for t in callers), "a caller hung"
     ordered = sorted(latencies)
     return Throughput(

@@ -19,7 +19,7 @@ import pytest
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.types import WorkerState
 from tests.functional.offline_fixtures import redis_url
-from tests.functional.workers_kit import wait_for
+from tests.waiting import scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "infra" / "aws" / "worker-lifecycle.sh"
@@ -112,13 +112,13 @@ def test_on_scale_in_the_worker_drains_then_the_termination_goes_on(
     drain = subprocess.Popen(["bash", str(SCRIPT)], env=env, stderr=subprocess.PIPE, text=True)
     try:
         # In service: it keeps polling and touches nothing.
-        wait_for(lambda: imds.polls >= 3, 10.0, "three polls of the target lifecycle state")
+        wait_for(lambda: imds.polls, 10.0, "three polls of the target state", until=lambda polls: polls >= 3)
         assert drain.poll() is None
         assert not calls.exists()
         assert [w.worker_id for w in redis_store.list_workers()] == [INSTANCE_ID]
 
         imds.target_state = "Terminated"  # the scaler chose this instance to leave
-        _, stderr = drain.communicate(timeout=30)
+        _, stderr = drain.communicate(timeout=scaled(30))
     finally:
         if drain.poll() is None:
             drain.kill()

@@ -61,8 +61,8 @@ from tests.functional.workers_kit import (
     reported_after,
     sample_inputs,
     start_worker,
-    wait_for,
 )
+from tests.waiting import scaled, wait_for
 
 # --- pool workers -----------------------------------------------------------------------------
 
@@ -348,7 +348,7 @@ def test_lambda_tier_honours_its_concurrency_limit(single_tier: LocalLambdaTier)
 
     def call(index: int) -> None:
         try:
-            barrier.wait(5)
+            barrier.wait(scaled(5))
             results[index] = single_tier.invoke(payload(variant, inputs[index]), INVOKE_TIMEOUT_S)
         except BaseException as error:  # re-raised in the test thread below
             errors.append(error)
@@ -357,7 +357,7 @@ def test_lambda_tier_honours_its_concurrency_limit(single_tier: LocalLambdaTier)
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(INVOKE_TIMEOUT_S * 2)
+        thread.join(scaled(INVOKE_TIMEOUT_S * 2))
 
     assert not any(t.is_alive() for t in threads), "an invocation hung"
     assert errors == []
@@ -399,11 +399,11 @@ def test_lambda_tier_concurrency_limit_holds_while_a_container_is_being_register
 
     first = threading.Thread(target=call, daemon=True)
     first.start()
-    assert in_window.wait(INVOKE_TIMEOUT_S), "the first container never started"
+    assert in_window.wait(scaled(INVOKE_TIMEOUT_S)), "the first container never started"
     second = threading.Thread(target=call, daemon=True)
     second.start()
-    first.join(INVOKE_TIMEOUT_S)
-    second.join(INVOKE_TIMEOUT_S)
+    first.join(scaled(INVOKE_TIMEOUT_S))
+    second.join(scaled(INVOKE_TIMEOUT_S))
 
     assert len(results) == 2
     assert single_tier.cold_starts == 1
@@ -472,7 +472,7 @@ def test_a_request_finishing_after_its_variant_was_unloaded_does_not_bring_it_ba
     outcome: list[dict[str, Any]] = []
     request = threading.Thread(target=lambda: outcome.append(worker.invoke(payload(variant, inputs))))
     request.start()
-    assert entered.wait(INVOKE_TIMEOUT_S), "the request never ran"
+    assert entered.wait(scaled(INVOKE_TIMEOUT_S)), "the request never ran"
     # Loaded: the instance is shown (and holds a slot) from its load, not from its first answer.
     loaded = worker.monitor.snapshot(time.time())
     assert [i.variant_id for i in loaded.instances] == [variant.variant_id]
@@ -480,7 +480,7 @@ def test_a_request_finishing_after_its_variant_was_unloaded_does_not_bring_it_ba
 
     worker.unload({"variant_id": variant.variant_id})
     release.set()
-    request.join(INVOKE_TIMEOUT_S)
+    request.join(scaled(INVOKE_TIMEOUT_S))
 
     [body] = outcome  # the request in flight is still answered...
     np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)

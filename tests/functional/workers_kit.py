@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from infra.local.lambda_container import local_lambda_tier
+from modelless.metadata.base import MetadataStore
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
@@ -22,15 +23,14 @@ from modelless.pools.local import LocalWorkerPool
 from modelless.runtime import npy_bytes
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile, WorkerState
 from tests.models import digits, linear_model
+from tests.waiting import scaled, wait_for
 
 APP = "workers-app"
 MODEL = "linear"
 ARTIFACT_KEY = f"apps/{APP}/{MODEL}/variants/fp32-basic.onnx"
 REPORT_WITHIN_S = 3.0
 INVOKE_TIMEOUT_S = 20.0
-LOAD_LIMIT_S = 40.0  # no load phase runs longer than this, whatever happens
-
-T = TypeVar("T")
+LOAD_LIMIT_S = 40.0  # no load phase runs longer than this (scaled), whatever happens
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -49,25 +49,13 @@ def gate_worker_runs(monkeypatch: Any) -> tuple[threading.Event, threading.Event
 
         def gated(inputs: np.ndarray) -> np.ndarray:
             entered.set()
-            assert release.wait(INVOKE_TIMEOUT_S), "the test never released the run"
+            assert release.wait(scaled(INVOKE_TIMEOUT_S)), "the test never released the run"
             return run(inputs)
 
         return gated
 
     monkeypatch.setattr(worker_server, "_session_runner", gated_runner)
     return entered, release
-
-
-def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
-    """Poll ``probe`` until it returns something other than None/False, for at most ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def report_url_of(store: RedisMetadataStore) -> str:
@@ -165,7 +153,7 @@ class Load:
             thread.start()
 
     def _run(self) -> None:
-        deadline = time.monotonic() + LOAD_LIMIT_S
+        deadline = time.monotonic() + scaled(LOAD_LIMIT_S)  # outlasts the scaled waits under it
         while not self._stop.is_set() and time.monotonic() < deadline:
             try:
                 result = self._call()
@@ -177,10 +165,15 @@ class Load:
             if self._pause_s:
                 self._stop.wait(self._pause_s)
 
+    def count(self) -> int:
+        """Calls finished so far, answered or failed."""
+        with self._lock:
+            return len(self.results) + len(self.errors)
+
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(INVOKE_TIMEOUT_S + 5)
+            thread.join(scaled(INVOKE_TIMEOUT_S + 5))
         assert not any(t.is_alive() for t in self._threads), "a caller hung"
 
 
@@ -205,7 +198,7 @@ def start_worker(pool: LocalWorkerPool, store: RedisMetadataStore) -> WorkerStat
     return wait_for(lambda: reported(store, worker_id), REPORT_WITHIN_S, f"{worker_id}'s first report")
 
 
-def publish_linear_model(store: RedisMetadataStore, variant: VariantProfile, *more: VariantProfile) -> None:
+def publish_linear_model(store: MetadataStore, variant: VariantProfile, *more: VariantProfile) -> None:
     """Register the linear model, ready, with ``variant`` (and ``more``) as its variants."""
     inputs = sample_inputs(1)
     model = ModelRecord(

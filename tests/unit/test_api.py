@@ -11,19 +11,25 @@ import dataclasses
 import io
 import json
 import re
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import numpy as np
 import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 
 from modelless.api import create_app
+from modelless.api.app import GATEWAY_THREADS
+from modelless.api.deadlines import REPLY_SLACK_S
 from modelless.api.services import Services, build_services
 from modelless.config import Settings
+from modelless.dispatch import attempts
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.reporting import INTERNAL_STATE_PATH
@@ -474,6 +480,48 @@ def test_correlation_id_is_generated_when_absent_and_echoed_on_errors(api: Api) 
     assert refused.headers["X-Correlation-Id"] == "trace-err"
 
 
+def test_a_query_is_answered_by_its_deadline_whatever_holds_its_thread(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compute behind a query hangs in a call that ignores its timeout: the route answers a
+    JSON 503 ``deadline_exceeded`` with ``Retry-After`` at the query's deadline (its budget plus
+    the grace, counted from its arrival), not whenever the call returns."""
+    monkeypatch.setattr(attempts, "DEADLINE_GRACE_S", 0.5)
+    key = api.create_app("digits")
+    seed_digits(api, "digits")
+    release = threading.Event()
+    hung = threading.Event()
+
+    def hang(payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        hung.set()
+        release.wait(30)  # ignores timeout_s, as a wedged call would
+        raise AssertionError("released after the test")
+
+    monkeypatch.setattr(api.lambda_tier, "invoke", hang)
+    try:
+        started = time.monotonic()
+        response = query(api, key, appID="digits", inputs=images(1).tolist(), latency=100, accuracy=0.8)
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+    assert hung.is_set()
+    error = error_of(response, 503)
+    assert error["code"] == "deadline_exceeded"
+    assert "deadline" in error["message"] and "100 ms budget + 0.5 s grace" in error["message"]
+    assert response.headers["Retry-After"] == "1"
+    # Due at 0.1 s + 0.5 s after arrival, plus the route's REPLY_SLACK_S.
+    assert 0.6 <= elapsed < 0.6 + REPLY_SLACK_S + 1.0
+
+
+def test_the_gateway_has_threads_for_queries_held_by_a_hung_worker(api: Api) -> None:
+    """A query holds a thread until its deadline: anyio's default of 40 would run out in a second
+    of load on a hung worker, and the queries behind them would wait for a thread."""
+    with TestClient(create_app(api.services)) as client:
+        assert client.portal is not None
+        tokens = client.portal.call(lambda: anyio.to_thread.current_default_thread_limiter().total_tokens)
+    assert tokens == GATEWAY_THREADS >= 200
+
+
 # --- online_query: refused inputs -------------------------------------------------------------
 
 
@@ -498,13 +546,60 @@ QUERY_REFUSALS: list[tuple[str, dict[str, Any], int, str]] = [
         "negative-latency",
         {"inputs": images().tolist(), "latency": -1},
         400,
-        "latency must be a positive number",
+        r"body\.latency: Input should be greater than 0",
     ),
     (
         "accuracy-over-one",
         {"inputs": images().tolist(), "accuracy": 1.5},
         400,
-        r"accuracy must lie in \[0, 1\]",
+        r"body\.accuracy: Input should be less than or equal to 1",
+    ),
+    # Strict types: a JSON boolean or a numeric string is not a number (never coerced to 1.0, 50.0).
+    ("latency-true", {"inputs": images().tolist(), "latency": True}, 400, r"body\.latency: .*valid number"),
+    ("latency-text", {"inputs": images().tolist(), "latency": "50"}, 400, r"body\.latency: .*valid number"),
+    (
+        "accuracy-text",
+        {"inputs": images().tolist(), "accuracy": "0.9"},
+        400,
+        r"body\.accuracy: .*valid number",
+    ),
+    (
+        "accuracy-false",
+        {"inputs": images().tolist(), "accuracy": False},
+        400,
+        r"body\.accuracy: .*valid number",
+    ),
+    (
+        "inputs-all-booleans",
+        {"inputs": [[[True] * 8] * 8], "accuracy": 0.5},
+        400,
+        "inputs must be numbers; got a JSON boolean",
+    ),
+    (
+        "inputs-a-boolean-among-numbers",
+        {"inputs": [[[1.0] * 7 + [False]] + [[1.0] * 8] * 7], "accuracy": 0.5},
+        400,
+        "inputs must be numbers; got a JSON boolean",
+    ),
+    ("inputs-numeric-strings", {"inputs": [[["1"] * 8] * 8], "accuracy": 0.5}, 400, "numeric"),
+    # Bounds: finite, and within what a budget can mean (an hour), however large the number.
+    (
+        "latency-overflowing",
+        {"inputs": images().tolist(), "latency": 1e308},
+        400,
+        r"body\.latency: Input should be less than or equal to 3600000",
+    ),
+    (
+        "latency-huge-integer",
+        {"inputs": images().tolist(), "latency": 10**400},
+        400,
+        r"body\.latency: Input should be a finite number",
+    ),
+    (
+        "accuracy-huge-integer",
+        {"inputs": images().tolist(), "accuracy": 10**400},
+        400,
+        r"body\.accuracy: Input should be a finite number",
     ),
     ("extra-field", {"inputs": images().tolist(), "accuracy": 0.5, "bogus": 1}, 400, "bogus"),
 ]

@@ -259,7 +259,22 @@ BINARY_REFUSALS: list[tuple[str, dict[str, Any], bytes, int, str]] = [
     ("unknown-parameter", {"appID": APP, "accuracy": 0.5, "bogus": 1}, b"", 400, r"query\.bogus"),
     ("latency-not-a-number", {"appID": APP, "latency": "fast"}, b"", 400, r"query\.latency"),
     ("no-targets", {"appID": APP}, b"", 400, "give either modelName"),
-    ("negative-latency", {"appID": APP, "latency": -1}, b"", 400, "latency must be a positive"),
+    ("negative-latency", {"appID": APP, "latency": -1}, b"", 400, r"query\.latency: .*greater than 0"),
+    # Query-string values are text: read only as JSON writes a number, then held to the bounds.
+    ("latency-true", {"appID": APP, "latency": "true"}, b"", 400, r"query\.latency: .*must be a number"),
+    ("latency-nan", {"appID": APP, "latency": "nan"}, b"", 400, r"query\.latency: .*must be a number"),
+    ("latency-padded", {"appID": APP, "latency": " 5"}, b"", 400, r"query\.latency: .*must be a number"),
+    (
+        "latency-underscored",
+        {"appID": APP, "latency": "1_000"},
+        b"",
+        400,
+        r"query\.latency: .*must be a number",
+    ),
+    ("latency-infinite", {"appID": APP, "latency": "1e999"}, b"", 400, r"query\.latency: .*finite number"),
+    ("latency-huge", {"appID": APP, "latency": "1e308"}, b"", 400, r"query\.latency: .*less than or equal"),
+    ("accuracy-over-one", {"appID": APP, "accuracy": "1.5"}, b"", 400, r"query\.accuracy: .*less than or"),
+    ("accuracy-hex", {"appID": APP, "accuracy": "0x1"}, b"", 400, r"query\.accuracy: .*must be a number"),
     (
         "fraction",
         {"appID": APP, "accuracy": 0.5},

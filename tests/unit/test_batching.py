@@ -30,8 +30,9 @@ from modelless.batching import (
 )
 from modelless.exceptions import BatcherClosedError, BatchTimeoutError
 from modelless.types import VariantProfile
+from tests.waiting import scaled, wait_for
 
-WAIT_S = 5.0  # bound on every wait for a thread or a queue; never reached when things work
+WAIT_S = 5.0  # bound on every wait for a thread or a queue (scaled); never reached when things work
 LOOSE_MS = 10_000.0  # a budget no test comes near
 
 
@@ -221,7 +222,7 @@ class FakeModel:
         self.calls.append(int(inputs.shape[0]))
         self.running.set()
         if self.hold_first and index == 0:
-            assert self.gate.wait(WAIT_S), "the test never opened the gate"
+            assert self.gate.wait(scaled(WAIT_S)), "the test never opened the gate"
         if self.latency_s:
             time.sleep(self.latency_s)
         if index in self.fail_on:
@@ -238,7 +239,7 @@ class Call:
     elapsed_s: float = 0.0
 
     def join(self) -> None:
-        self.thread.join(WAIT_S)
+        self.thread.join(scaled(WAIT_S))
         assert not self.thread.is_alive(), "a submit never returned"
 
 
@@ -252,7 +253,7 @@ def submit_async(
 
     def run() -> None:
         if barrier is not None:
-            barrier.wait(WAIT_S)
+            barrier.wait(scaled(WAIT_S))
         started = time.monotonic()
         try:
             call.result = batcher.submit(inputs, deadline)
@@ -266,11 +267,7 @@ def submit_async(
 
 
 def wait_until(probe: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.0005)
+    wait_for(probe, WAIT_S, what, interval_s=0.0005)  # a fine poll: the batcher acts in microseconds
 
 
 def queued_is(batcher: VariantBatcher, count: int) -> Callable[[], bool]:
@@ -733,7 +730,7 @@ def test_close_serves_what_is_queued_and_refuses_the_rest(make_batcher: Factory)
     with pytest.raises(BatcherClosedError):
         batcher.submit(rows(3), deadline_after(LOOSE_MS))
     model.gate.set()
-    closer.join(WAIT_S)
+    closer.join(scaled(WAIT_S))
 
     assert_own_rows(first, rows(-1))
     assert_own_rows(calls[0], rows(1))

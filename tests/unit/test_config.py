@@ -49,6 +49,18 @@ def test_defaults() -> None:
     assert settings.scaler_period_s == 10.0
 
 
+def test_the_input_limits_default_from_the_existing_ones() -> None:
+    settings = Settings()
+    # A validation set's arrays unpacked: 4 times the file's own limit unless set.
+    assert settings.max_valset_unpacked_bytes == 0 and settings.valset_unpacked_limit == 1024 * MiB
+    assert settings.with_overrides(max_valset_bytes=10 * MiB).valset_unpacked_limit == 40 * MiB
+    assert settings.with_overrides(max_valset_unpacked_bytes=3 * MiB).valset_unpacked_limit == 3 * MiB
+    assert settings.max_ingest_memory_bytes == 0  # derived from each registration's files
+    assert settings.idempotency_ttl_s == 24 * 3600.0
+    with pytest.raises(SettingsError, match="MODELLESS_IDEMPOTENCY_TTL_S"):
+        Settings(idempotency_ttl_s=0)
+
+
 def test_the_environment_overrides_the_defaults_and_keywords_override_both(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

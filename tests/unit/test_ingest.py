@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError
 from modelless.ingest import (
+    IN_PROCESS_MAX_BYTES,
+    MAX_ARCHIVE_MEMBERS,
     IngestedModel,
     IngestRequest,
     Limits,
@@ -27,10 +30,12 @@ from modelless.ingest import (
     fix_batch_dimension,
     ingest,
     ingest_in_child,
+    needs_child,
+    trial_run,
     unpack,
 )
 from modelless.types import TensorSpec
-from modelless.validation import load_model
+from modelless.validation import ModelSignature, load_model
 
 LIMITS = Limits(64 * 1024 * 1024, 16 * 1024 * 1024)
 CLASSES = 3
@@ -272,6 +277,36 @@ def test_an_archive_that_unpacks_past_the_limit_is_413_naming_the_setting(tmp_pa
     assert "exceeds 1000000 bytes (MODELLESS_MAX_MODEL_BYTES)" in refused.value.message
 
 
+def test_a_zip_that_declares_more_than_the_limit_is_refused_before_anything_is_extracted(
+    tmp_path: Path,
+) -> None:
+    bundle = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bundle, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("export/m.onnx", b"\0" * 10)
+        archive.writestr("export/m.onnx.data", b"\0" * 4_000_000)
+    with pytest.raises(PayloadTooLargeError, match=r"contents exceeds 1000000 bytes .* it is 4000010 bytes"):
+        unpack(bundle, tmp_path / "out", 1_000_000)
+    assert not any(p.is_file() for p in (tmp_path / "out").rglob("*"))  # nothing was written
+
+
+def test_an_archive_of_too_many_files_is_refused(tmp_path: Path) -> None:
+    bundle = tmp_path / "many.tar.gz"
+    with tarfile.open(bundle, "w:gz") as archive:
+        for index in range(MAX_ARCHIVE_MEMBERS + 1):
+            archive.addfile(tarfile.TarInfo(f"export/{index}.bin"), io.BytesIO(b""))
+    with pytest.raises(InvalidModelError, match=f"more than {MAX_ARCHIVE_MEMBERS} files"):
+        unpack(bundle, tmp_path / "out", LIMITS.model_bytes)
+
+
+def test_a_zip_whose_directory_lists_too_much_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    bundle = tmp_path / "listed.zip"
+    with zipfile.ZipFile(bundle, "w") as archive:
+        for index in range(40_000):  # ~4.5 MB of directory entries, no data
+            archive.writestr(f"export/{index:08d}-{'x' * 40}.bin", b"")
+    with pytest.raises(InvalidModelError, match="bytes of members in its directory"):
+        unpack(bundle, tmp_path / "out", LIMITS.model_bytes)
+
+
 # --- the batch dimension ------------------------------------------------------------------------
 
 
@@ -326,8 +361,124 @@ def test_a_model_that_loads_but_cannot_run_is_refused(tmp_path: Path) -> None:
             numpy_helper.from_array(np.ones((5, CLASSES), np.float32), "w"),
         ],
     )
-    with pytest.raises(InvalidModelError, match="does not run on one synthetic example"):
+    with pytest.raises(InvalidModelError, match="does not run on the first validation example"):
         ingest(request(tmp_path, save(model, tmp_path / "m.onnx")))
+
+
+def test_a_model_that_runs_on_synthetic_inputs_but_not_on_its_validation_set_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Its embedding table holds 2 tokens: the ids 0 and 1 of a synthetic batch run, the
+    # validation set's (up to 19) do not. onnx's checker cannot know; only a run on real rows can.
+    source = save(token_classifier(vocabulary=2), tmp_path / "m.onnx")
+    rng = np.random.default_rng(5)
+    val = valset(
+        tmp_path / "val.npz", input_ids=rng.integers(2, 20, (6, 6)), attention_mask=np.ones((6, 6), np.int64)
+    )
+
+    with pytest.raises(InvalidModelError) as refused:
+        ingest(request(tmp_path, source, val))
+
+    message = refused.value.message
+    assert message.startswith("the model loads but does not run on the first validation example:")
+    assert "Gather" in message or "indices" in message
+
+
+def endless_loop() -> onnx.ModelProto:
+    """x [batch, 4] through a Loop of 10**15 iterations (its body passes x on), then @ w."""
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Identity", ["v_in"], ["v_out"]),
+        ],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", TensorProto.FLOAT, None),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, None),
+        ],
+    )
+    return make_model(
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES]),
+        [
+            helper.make_node("Loop", ["trips", "go", "x"], ["v"], body=body),
+            helper.make_node("MatMul", ["v", "w"], ["logits"]),
+        ],
+        [
+            numpy_helper.from_array(np.array(10**15, np.int64), "trips"),
+            numpy_helper.from_array(np.array(True), "go"),
+            numpy_helper.from_array(np.ones((4, CLASSES), np.float32), "w"),
+        ],
+    )
+
+
+def test_a_test_run_that_does_not_end_is_stopped_and_refused(tmp_path: Path) -> None:
+    source = save(endless_loop(), tmp_path / "m.onnx")
+    signature = ModelSignature((TensorSpec("x", [4], "float32"),), CLASSES)
+    started = time.monotonic()
+
+    with pytest.raises(
+        InvalidModelError, match=r"test run on 1 validation example\(s\) took longer than 0.5 s"
+    ):
+        trial_run(source, signature, np.ones((3, 4), np.float32), timeout_s=0.5)
+
+    assert time.monotonic() - started < 30  # stopped, not run to its end (which never comes)
+
+
+def memory_hog(columns: int) -> onnx.ModelProto:
+    """x [batch, 1] tiled to [batch, columns] floats (4 * columns bytes a row), summed, @ w."""
+    return make_model(
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1])],
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES]),
+        [
+            helper.make_node("Tile", ["x", "repeats"], ["wide"]),
+            helper.make_node("ReduceSum", ["wide", "axis1"], ["sum"], keepdims=1),
+            helper.make_node("MatMul", ["sum", "w"], ["logits"]),
+        ],
+        [
+            numpy_helper.from_array(np.array([1, columns], np.int64), "repeats"),
+            numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+            numpy_helper.from_array(np.ones((1, CLASSES), np.float32), "w"),
+        ],
+    )
+
+
+def test_a_test_run_past_the_childs_memory_is_refused_not_granted(tmp_path: Path) -> None:
+    source = save(memory_hog(columns=2**27), tmp_path / "m.onnx")  # 512 MiB for one row
+    val = valset(tmp_path / "val.npz", rows=2, inputs=np.ones((2, 1), np.float32))
+    limits = Limits(LIMITS.model_bytes, LIMITS.valset_bytes, memory_bytes=768 * 1024 * 1024)
+
+    with pytest.raises(InvalidModelError) as refused:
+        ingest_in_child(IngestRequest(source, val, tmp_path / "work", limits))
+
+    assert "does not run on the first validation example" in refused.value.message
+    # The same model within a larger allowance runs: the refusal was the limit's doing.
+    roomy = Limits(LIMITS.model_bytes, LIMITS.valset_bytes, memory_bytes=3 * 1024**3)
+    assert ingest_in_child(IngestRequest(source, val, tmp_path / "roomy", roomy)).tested
+
+
+def test_every_model_that_is_test_run_is_ingested_in_a_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = request(tmp_path, save(linear(), tmp_path / "m.onnx"))
+    assert needs_child(small)
+    monkeypatch.setattr("modelless.ingest.onnxruntime_available", lambda: False)
+    assert not needs_child(small)  # only parsed and checked: small enough for this process
+
+
+def test_a_validation_set_that_unpacks_large_is_ingested_in_a_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("modelless.ingest.onnxruntime_available", lambda: False)
+    val = tmp_path / "val.npz"
+    np.savez_compressed(val, inputs=np.zeros((600_000, 8), np.float32), labels=np.zeros(600_000, np.int64))
+    assert val.stat().st_size < IN_PROCESS_MAX_BYTES  # a small file...
+    assert needs_child(request(tmp_path, save(linear(), tmp_path / "m.onnx"), val))  # ...unpacking large
 
 
 def test_without_onnxruntime_the_test_run_is_left_to_the_registrar(

@@ -18,6 +18,7 @@ from modelless.inputs import (
     body_kind,
     check_batch,
     image_inputs,
+    json_may_hold_booleans,
     npy_inputs,
     npz_inputs,
     query_inputs,
@@ -94,6 +95,35 @@ def test_query_inputs_integers_and_booleans_are_numbers() -> None:
     ints = np.ones((1, 8, 8), dtype=int).tolist()
     assert query_inputs(ints, digits_record(), 8).dtype == np.float32
     assert check_batch(np.ones((2, 1, 8, 8), dtype=bool), digits_record(), 8).shape == (2, 1, 8, 8)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [[[True] * 8] * 8],
+        [[[1.0] * 7 + [True]] + [[0.0] * 8] * 7],  # numpy alone would read it as 1.0
+        [[[0] * 8] * 7 + [[False] + [0] * 7]],  # ...and this as 0
+        True,
+    ],
+    ids=["all-booleans", "a-boolean-among-floats", "a-boolean-among-integers", "a-lone-boolean"],
+)
+def test_query_inputs_refuse_json_booleans(raw: Any) -> None:
+    with pytest.raises(InvalidInputError, match="inputs must be numbers; got a JSON boolean"):
+        query_inputs(raw, digits_record(), 8)
+
+
+def test_json_booleans_in_one_of_several_inputs_name_that_input() -> None:
+    ids, mask = token_inputs(2)
+    flagged = mask.tolist()
+    flagged[1][3] = True
+    with pytest.raises(InvalidInputError, match="input 'mask' must be numbers; got a JSON boolean"):
+        query_inputs({"ids": ids.tolist(), "mask": flagged}, token_record(), 8)
+
+
+def test_only_a_body_without_true_or_false_is_spared_the_search_for_booleans() -> None:
+    assert not json_may_hold_booleans(b'{"appID": "a", "inputs": [[1, 2.5e3, -0.0]], "accuracy": 0.9}')
+    assert json_may_hold_booleans(b'{"appID": "a", "inputs": [[1, true]]}')
+    assert json_may_hold_booleans(b'{"appID": "falsetto", "inputs": [[1, 2]]}')  # a string, searched
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ batcher's background lane that offline runs take."""
 
 from __future__ import annotations
 
+import io
 import re
 import threading
 import time
@@ -16,6 +17,7 @@ from modelless.exceptions import InvalidJobError, OfflineInputError
 from modelless.offline.decoding import decode_input, image_layout
 from modelless.offline.jobs import S3Path, job_id_for_object, output_key, relative_key
 from tests.offline_kit import digit_inputs, image_bytes, model_record, npy, npz
+from tests.waiting import scaled, wait_for
 
 MODEL = model_record()  # takes [1, 8, 8]
 
@@ -39,7 +41,7 @@ def test_npz_takes_inputs_or_its_only_array() -> None:
 @pytest.mark.parametrize(
     ("key", "data", "message"),
     [
-        ("a.npy", b"not numpy", "not a readable .npy file"),
+        ("a.npy", b"not numpy", "the .npy file is not a readable .npy array"),
         ("a.npz", b"PK\x03\x04 broken zip", "not a readable .npz file"),
         ("a.npy", npy(np.zeros((2, 8, 8), dtype=np.float32)), "shape [2, 8, 8]"),
         ("a.npy", npy(np.array(["x", "y"])), "regular numeric array"),
@@ -54,6 +56,24 @@ def test_npz_takes_inputs_or_its_only_array() -> None:
 def test_inputs_that_cannot_be_used_say_why(key: str, data: bytes, message: str) -> None:
     with pytest.raises(OfflineInputError, match=re.escape(message)):
         decode_input(key, data, MODEL, 64)
+
+
+def test_a_deflated_npz_input_past_what_its_rows_could_hold_is_refused_before_it_is_inflated() -> None:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, inputs=np.zeros((100_000, 1, 8, 8), np.float32))
+    bomb = buffer.getvalue()  # 25.6 MB of zeros in a few KB
+    assert len(bomb) < 100_000
+    with pytest.raises(OfflineInputError, match=r"\.npz array 'inputs' is 25600128 bytes unpacked; 64 rows"):
+        decode_input("bomb.npz", bomb, MODEL, 64)
+
+
+def test_an_npy_input_whose_header_lies_is_refused_before_anything_is_allocated() -> None:
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (10**12, 1, 8, 8)}
+    )
+    with pytest.raises(OfflineInputError, match="declares 256000000000000 bytes of array data"):
+        decode_input("liar.npy", header.getvalue() + b"\0" * 64, MODEL, 64)
 
 
 def test_a_gif_named_png_is_refused_by_format() -> None:
@@ -136,38 +156,41 @@ def test_background_work_runs_only_when_no_online_request_waits() -> None:
     def model(inputs: np.ndarray) -> np.ndarray:
         order.append("offline" if inputs.shape[0] == 5 else f"online:{inputs.shape[0]}")
         if len(order) == 1:
-            gate.wait(5)  # hold the first online run while others queue behind it
+            gate.wait(scaled(5))  # hold the first online run while others queue behind it
         return inputs.reshape(len(inputs), -1)[:, :2]
 
     batcher = VariantBatcher("v", model, lambda rows: 0.1, max_limit=8)
     try:
         results: dict[str, Any] = {}
         first = threading.Thread(
-            target=lambda: results.setdefault("a", batcher.submit(np.ones((1, 4)), time.monotonic() + 5))
+            target=lambda: results.setdefault(
+                "a", batcher.submit(np.ones((1, 4)), time.monotonic() + scaled(5))
+            )
         )
         first.start()
-        while not order:
-            time.sleep(0.001)
+        wait_for(lambda: bool(order), 5.0, "the first online run to start", interval_s=0.001)
         offline = threading.Thread(
             target=lambda: results.setdefault("off", batcher.submit_background(np.ones((5, 4))))
         )
         offline.start()
-        time.sleep(0.02)
+        wait_for(lambda: len(batcher._background) == 1, 5.0, "the offline run to queue", interval_s=0.001)
+        offline_queued_at = time.monotonic()
         online = [
             threading.Thread(
                 target=lambda i=i: results.setdefault(
-                    f"o{i}", batcher.submit(np.ones((1, 4)), time.monotonic() + 5)
+                    f"o{i}", batcher.submit(np.ones((1, 4)), time.monotonic() + scaled(5))
                 )
             )
             for i in range(3)
         ]
         for thread in online:
             thread.start()
-        time.sleep(0.02)
+        wait_for(lambda: batcher.queued == 3, 5.0, "the online requests to queue", interval_s=0.001)
         limit_before = batcher.controller.limit
+        held_ms = (time.monotonic() - offline_queued_at) * 1000  # the online runs it waited behind, at least
         gate.set()
         for thread in [first, offline, *online]:
-            thread.join(5)
+            thread.join(scaled(5))
     finally:
         batcher.close()
     # The queued online requests ran (as one batch) before the offline run that queued earlier.
@@ -175,7 +198,7 @@ def test_background_work_runs_only_when_no_online_request_waits() -> None:
     assert sum(int(o.split(":")[1]) for o in order[:-1]) == 4
     background = results["off"]
     assert background.requests == 1 and background.batch == 5
-    assert background.queue_ms > 10  # it waited for an idle moment
+    assert background.queue_ms >= held_ms  # it waited for an idle moment
     assert batcher.stats()["background_runs"] == 1 and batcher.stats()["background_rows"] == 5
     assert batcher.stats()["rows"] == 4  # online rows only
     assert batcher.controller.limit >= limit_before

@@ -3,16 +3,28 @@ once, across duplicates, crashes at every step, lost leases, pauses and deadline
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 
 from modelless.exceptions import S3AccessDeniedError, ServiceUnavailableError, WorkerUnreachableError
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.offline.compute import Paused, RunResult
+from modelless.offline.compute import Paused, RunResult, WorkerCompute
 from modelless.offline.jobs import RESULT_SUFFIX, output_key, summary_key
 from modelless.offline.objects import InMemoryObjectStore, WriteOutcome
 from modelless.offline.runner import JobRunner, RunnerConfig, RunOutcome
-from modelless.types import Decision, JobStatus, OfflineJob, VariantProfile
+from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.types import (
+    Decision,
+    InstanceState,
+    InstanceStats,
+    JobStatus,
+    OfflineJob,
+    VariantProfile,
+    WorkerState,
+)
 from tests.offline_kit import (
     APP,
     BUCKET,
@@ -89,6 +101,7 @@ def runner(
         "max_rows": 4,
         "lease_s": 30.0,
         "heartbeat_s": 0.0,
+        "keepalive": False,  # a thread on real time beside the fake clock: its own tests below
         "io_threads": 2,
         "group_inputs": 1,
         **config,
@@ -509,3 +522,145 @@ def test_a_watchs_job_takes_the_inputs_that_arrive_while_it_finishes(
     assert f"{OUT}late.npy{RESULT_SUFFIX}" in result_keys(objects)
     assert read_json(objects, summary_key(OUT, "watch-1"))["total"] == 3
     assert store.job_items("watch-1")  # a watch's markers stay: they are how it knows its objects
+
+
+# --- liveness: the keepalive thread, on real time ------------------------------------------------
+
+
+class SlowWorker(FakeCompute):
+    """Its first batch takes ``block_s`` (a worker waiting long for an idle moment); meanwhile
+    ``during`` runs, once, ``check_after_s`` into it. Notes how far the job's heartbeat moved."""
+
+    def __init__(self, store: InMemoryMetadataStore, block_s: float, **during: Any) -> None:
+        super().__init__(variant())
+        self.store, self.block_s = store, block_s
+        self.during = during.get("during")
+        self.check_after_s = float(during.get("check_after_s", 0.0))
+        self.heartbeat_moved_s: float | None = None
+
+    def run(self, decision: Decision, inputs: np.ndarray, correlation_id: str) -> RunResult:
+        if self.heartbeat_moved_s is None:
+            before = self.heartbeat()
+            time.sleep(self.check_after_s)  # the batch's own duration, standing for the worker's
+            if self.during is not None:
+                self.during()
+            time.sleep(self.block_s - self.check_after_s)
+            self.heartbeat_moved_s = self.heartbeat() - before
+        return super().run(decision, inputs, correlation_id)
+
+    def heartbeat(self) -> float:
+        job = self.store.get_job("job-1")
+        assert job is not None and job.heartbeat_at is not None
+        return job.heartbeat_at
+
+
+def real_time_runner(
+    store: InMemoryMetadataStore, objects: InMemoryObjectStore, compute: FakeCompute, **config: Any
+) -> JobRunner:
+    settings = {
+        "max_rows": 4,
+        "lease_s": 0.8,  # renewed every 0.05 s: a busy machine's scheduling delays stay well inside it
+        "heartbeat_s": 0.05,
+        "io_threads": 2,
+        "group_inputs": 1,
+        **config,
+    }
+    return JobRunner(
+        store,
+        objects,
+        compute,
+        RunnerConfig(**settings),
+        variants=store.list_variants,
+        models=store.get_model,
+    )
+
+
+@pytest.mark.parametrize("keepalive", [True, False])
+def test_a_batch_longer_than_the_lease_keeps_it_and_the_heartbeat_through_the_keepalive(
+    objects: CrashingObjects, keepalive: bool
+) -> None:
+    store = InMemoryMetadataStore()  # leases on real time
+    publish(store, [variant()])
+    upload_npy_inputs(objects, IN, 2)
+    new_job(store)
+    compute = SlowWorker(store, block_s=2.0)
+
+    report = real_time_runner(store, objects, compute, keepalive=keepalive).run("job-1")
+
+    if keepalive:
+        assert report.outcome is RunOutcome.COMPLETED
+        assert compute.heartbeat_moved_s is not None and compute.heartbeat_moved_s >= 1.5
+    else:  # what the keepalive prevents: a 0.8 s lease lost under a 2 s batch
+        assert report.outcome is RunOutcome.LOST_LEASE
+        assert compute.heartbeat_moved_s == 0.0
+
+
+def test_a_runner_quiet_past_max_quiet_lets_its_lease_expire(objects: CrashingObjects) -> None:
+    """A main thread stuck in a batch for longer than any batch takes is hung: its keepalive
+    stops renewing, so that another runner can take the job."""
+    store = InMemoryMetadataStore()
+    publish(store, [variant()])
+    upload_npy_inputs(objects, IN, 2)
+    new_job(store)
+    taken: list[bool] = []
+    compute = SlowWorker(
+        store,
+        block_s=2.0,
+        check_after_s=1.5,  # past max_quiet_s and then the lease
+        during=lambda: taken.append(store.acquire_job_lease("job-1", "other", 30.0)),
+    )
+
+    report = real_time_runner(store, objects, compute, max_quiet_s=0.3).run("job-1")
+
+    assert taken == [True] and report.outcome is RunOutcome.LOST_LEASE
+    assert store.job_lease_holder("job-1") == "other"
+
+
+# --- where a batch runs after its worker failed ----------------------------------------------------
+
+
+class DeadWorkers:
+    """An invoker whose workers at ``dead`` addresses do not answer."""
+
+    def __init__(self, *dead: str) -> None:
+        self.dead = set(dead)
+        self.calls: list[str] = []
+
+    def invoke(self, address: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.calls.append(address)
+        raise WorkerUnreachableError(f"{address} does not answer")
+
+    def close(self) -> None:
+        pass
+
+
+def reporting(clock: FakeClock, *worker_ids: str) -> list[WorkerState]:
+    """Workers reporting now, each with the variant loaded and idle."""
+    active = InstanceStats(variant().variant_id, InstanceState.ACTIVE, 0.0, 1.0, 2.0, 0)
+    return [WorkerState(w, "cpu", f"http://{w}", 0.0, 1, clock.now, (active,)) for w in worker_ids]
+
+
+def test_a_worker_whose_batch_failed_is_left_out_of_the_next_decisions(
+    store: InMemoryMetadataStore, clock: FakeClock
+) -> None:
+    from modelless.dispatch.live_view import FAILED_WORKER_HOLD_S
+
+    workers = ["w-1", "w-2"]
+    compute = WorkerCompute(
+        store, DEFAULT_POOLS, lambda: reporting(clock, *workers), DeadWorkers(), clock=clock
+    )
+    first = compute.acquire(variant(), 1)
+    assert isinstance(first, Decision) and first.worker_id in workers
+    with pytest.raises(WorkerUnreachableError):
+        compute.run(first, digit_inputs(1), "c-1")
+
+    # Its report is still fresh (it died a moment ago): the retry goes to the other worker.
+    retry = compute.acquire(variant(), 1)
+    assert isinstance(retry, Decision) and retry.worker_id != first.worker_id
+    # Alone, it is not tried again until its hold ends: the job waits, saying why.
+    workers = [str(first.worker_id)]
+    waiting = compute.acquire(variant(), 1)
+    assert isinstance(waiting, Paused) and "its last offline run failed" in waiting.reason
+    clock.advance(FAILED_WORKER_HOLD_S)
+    again = compute.acquire(variant(), 1)
+    assert isinstance(again, Decision) and again.worker_id == first.worker_id

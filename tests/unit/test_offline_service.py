@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,8 +35,9 @@ from modelless.offline.objects import InMemoryObjectStore
 from modelless.offline.runner import RunOutcome
 from modelless.offline.service import OfflineService, ThreadLauncher
 from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.types import JobStatus
+from modelless.types import JobStatus, OfflineJob
 from tests.offline_kit import APP, BUCKET, MODEL, FakeCompute, publish, upload_npy_inputs, variant
+from tests.waiting import wait_for
 
 OTHER = "other-bucket"
 IN, OUT = f"s3://{BUCKET}/in/", f"s3://{BUCKET}/out/"
@@ -193,16 +197,15 @@ def test_the_thread_launcher_runs_jobs_and_its_supervisor_resumes_them(
     try:
         launcher.start_supervisor()
         fresh = service.submit(spec())
-        for _ in range(200):
-            jobs = [store.get_job(j) for j in (stranded.job_id, fresh.job_id)]
-            if all(j is not None and j.status is JobStatus.COMPLETED for j in jobs):
-                break
-            import time
-
-            time.sleep(0.02)
+        wait_for(
+            lambda: [store.get_job(j) for j in (stranded.job_id, fresh.job_id)],
+            4.0,
+            "the stranded and the fresh job to complete",
+            interval_s=0.02,
+            until=lambda jobs: all(j is not None and j.status is JobStatus.COMPLETED for j in jobs),
+        )
     finally:
         launcher.close()
-    assert all(j is not None and j.status is JobStatus.COMPLETED for j in jobs)
 
 
 # --- S3 events ---------------------------------------------------------------------------------------
@@ -478,6 +481,47 @@ def test_offline_query_over_http_then_job_status(api: tuple[TestClient, Services
     assert [j["jobId"] for j in listed] == [job["jobId"]]
 
 
+def test_a_job_whose_runner_went_silent_shows_stalled_and_when_it_resumes(
+    api: tuple[TestClient, Services, dict[str, str]], store: InMemoryMetadataStore
+) -> None:
+    client, services, headers = api
+    assert services.offline is not None
+    job = services.offline.submit(spec())
+    now = time.time()
+    job.status, job.heartbeat_at, job.message = JobStatus.RUNNING, now - 0.5, "40 of 50 inputs to go"
+    store.put_job(job)
+
+    live = client.get(f"/v1/jobs/{job.job_id}", headers=headers).json()
+    assert (live["health"], live["message"]) == ("ok", "40 of 50 inputs to go")
+    assert 0.4 <= live["heartbeatAgeS"] < 5 and live["restarts"] == 0 and live["lastRunnerFailure"] is None
+
+    # Its runner died holding the lease: 12 s without a heartbeat, the lease 3 s from expiring.
+    job.heartbeat_at = now - 12.0
+    store.put_job(job)
+    assert store.acquire_job_lease(job.job_id, "dead-runner", 3.0)
+    stalled = client.get(f"/v1/jobs/{job.job_id}", headers=headers).json()
+    assert (stalled["status"], stalled["health"]) == ("running", "stalled")
+    assert 12.0 <= stalled["heartbeatAgeS"] < 20
+    assert re.search(
+        r"^no heartbeat from its runner for 1\d\.\d s .*: it resumes by itself when its lease expires at "
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(in [0-3]\.\d s\) "
+        r"\(its runner's last word: 40 of 50 inputs to go\)$",
+        stalled["message"],
+    ), stalled["message"]
+    line = job_progress_line(stalled)
+    assert "STALLED: no heartbeat from its runner for 1" in line
+
+    # The lease gone, nobody holds it: the supervisor's next look resumes it.
+    store.release_job_lease(job.job_id, "dead-runner")
+    free = client.get(f"/v1/jobs/{job.job_id}", headers=headers).json()
+    assert free["health"] == "stalled" and "nobody holds it: it resumes within 1 s" in free["message"]
+    # A finished job has no heartbeat to speak of.
+    job.status = JobStatus.COMPLETED
+    store.put_job(job)
+    done = client.get(f"/v1/jobs/{job.job_id}", headers=headers).json()
+    assert (done["health"], done["heartbeatAgeS"]) == ("ok", None)
+
+
 def test_offline_query_errors_over_http(api: tuple[TestClient, Services, dict[str, str]]) -> None:
     client, _, headers = api
     body = {"appID": APP, "inputPath": IN, "outputPath": f"{IN}out/", "accuracy": 0.5}
@@ -490,6 +534,89 @@ def test_offline_query_errors_over_http(api: tuple[TestClient, Services, dict[st
     assert wrong_app.status_code == 403
     assert client.get("/v1/jobs/job-nope", headers=headers).status_code == 404
     assert client.post("/v1/offline_query", json=body).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "message"),
+    [
+        (True, r"body\.accuracy: Input should be a valid number"),
+        ("0.9", r"body\.accuracy: Input should be a valid number"),
+        (1e308, r"body\.accuracy: Input should be less than or equal to 1"),
+        (10**400, r"body\.accuracy: Input should be a (valid|finite) number"),
+    ],
+    ids=["boolean", "numeric-string", "huge", "huge-integer"],
+)
+def test_an_offline_target_of_the_wrong_type_or_size_is_400_and_starts_nothing(
+    api: tuple[TestClient, Services, dict[str, str]],
+    store: InMemoryMetadataStore,
+    launcher: RecordingLauncher,
+    accuracy: Any,
+    message: str,
+) -> None:
+    client, _, headers = api
+    body = json.dumps({"appID": APP, "inputPath": IN, "outputPath": OUT, "accuracy": accuracy})
+
+    refused = client.post(
+        "/v1/offline_query", content=body, headers={**headers, "Content-Type": "application/json"}
+    )
+
+    assert refused.status_code == 400, refused.text
+    assert re.search(message, refused.json()["error"]["message"]), refused.text
+    assert store.list_jobs(APP) == [] and launcher.launched == []
+
+
+def test_a_retried_offline_query_with_its_idempotency_key_starts_one_job(
+    api: tuple[TestClient, Services, dict[str, str]],
+    store: InMemoryMetadataStore,
+    launcher: RecordingLauncher,
+) -> None:
+    client, _, headers = api
+    body = {"appID": APP, "inputPath": IN, "outputPath": OUT, "accuracy": 0.5}
+    keyed = {**headers, "Idempotency-Key": "job-key-1"}
+
+    first = client.post("/v1/offline_query", json=body, headers=keyed)
+    again = client.post("/v1/offline_query", json=body, headers=keyed)
+
+    assert first.status_code == again.status_code == 202, again.text
+    assert again.json() == first.json()  # the first reply: the same job, the same status
+    assert again.headers["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first.headers
+    assert [job.job_id for job in store.list_jobs(APP)] == [first.json()["jobId"]]
+    assert launcher.launched == [first.json()["jobId"]]
+
+    # The same key with another request: 409 naming the clash, and nothing started.
+    other = client.post("/v1/offline_query", json={**body, "accuracy": 0.6}, headers=keyed)
+    assert other.status_code == 409, other.text
+    error = other.json()["error"]
+    assert error["code"] == "idempotency_conflict" and error["details"]["reason"] == "different_request"
+    assert "Idempotency-Key 'job-key-1' was used" in error["message"]
+    assert len(store.list_jobs(APP)) == 1 and len(launcher.launched) == 1
+
+    # Without a key, or with a new one, a request is a new job.
+    assert client.post("/v1/offline_query", json=body, headers=headers).status_code == 202
+    renewed = client.post("/v1/offline_query", json=body, headers={**headers, "Idempotency-Key": "k2"})
+    assert renewed.status_code == 202
+    assert len(store.list_jobs(APP)) == 3
+
+
+def test_a_refused_offline_query_gives_its_idempotency_key_back(
+    api: tuple[TestClient, Services, dict[str, str]], store: InMemoryMetadataStore
+) -> None:
+    client, _, headers = api
+    keyed = {**headers, "Idempotency-Key": "job-key-2"}
+    inside = {"appID": APP, "inputPath": IN, "outputPath": f"{IN}out/", "accuracy": 0.5}
+
+    assert client.post("/v1/offline_query", json=inside, headers=keyed).status_code == 400
+    fixed = client.post("/v1/offline_query", json={**inside, "outputPath": OUT}, headers=keyed)
+
+    assert fixed.status_code == 202, fixed.text  # the refusal created nothing: the key is free
+    assert len(store.list_jobs(APP)) == 1
+
+
+def test_a_malformed_idempotency_key_is_400(api: tuple[TestClient, Services, dict[str, str]]) -> None:
+    client, _, headers = api
+    body = {"appID": APP, "inputPath": IN, "outputPath": OUT, "accuracy": 0.5}
+    refused = client.post("/v1/offline_query", json=body, headers={**headers, "Idempotency-Key": "x" * 256})
+    assert refused.status_code == 400 and "Idempotency-Key must be 1 to 255" in refused.text
 
 
 def test_a_refused_manifests_job_shows_over_http_whatever_its_paths(
@@ -601,6 +728,11 @@ def test_job_progress_line_and_report() -> None:
     paused = job_progress_line(job_reply(paused=True, pauseReason="w-1: online utilisation 55% > 40%"))
     assert paused.endswith("(paused: w-1: online utilisation 55% > 40%)")
     assert job_progress_line(job_reply(total=0, done=0, status="completed")).startswith("[" + "#" * 30)
+    restarted = job_report(
+        job_reply(restarts=1, lastRunnerFailure="runner exited with signal 9 at …; resumed")
+    )
+    assert "  restarts: 1 (last: runner exited with signal 9 at …; resumed)" in restarted.splitlines()
+    assert "restarts" not in job_report(job_reply())
     report = job_report(job_reply(status="completed", summaryPath=f"{OUT}_jobs/job-1.summary.json"))
     assert "summary:  s3://" in report and f"failed:   {IN}bad.npy: not a readable .npy file" in report
 
@@ -712,7 +844,8 @@ def test_where_the_embedded_stack_runs_jobs(mode: str, url: str, expected: bool)
 
 CHILD = """
 import json, sys
-_, job_id, _, report_file = sys.argv[1:]
+args = sys.argv[1:]
+job_id, report_file = args[1], args[args.index("--report-file") + 1]
 # Its log lines look like reports (a JSON log with the job's id and an outcome) and come last.
 print(json.dumps({"jobId": job_id, "outcome": "failed", "processed": 0}))
 with open(report_file, "w") as out:
@@ -728,7 +861,9 @@ def test_a_child_runner_reports_through_its_own_channel_not_its_log_stream(
 
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    runner = ChildProcessRunner("redis://127.0.0.1:6379/0", command=[sys.executable, str(script)])
+    runner = ChildProcessRunner(
+        "redis://127.0.0.1:6379/0", command=[sys.executable, str(script)], store=InMemoryMetadataStore()
+    )
 
     report = runner("job-1")
 
@@ -737,9 +872,159 @@ def test_a_child_runner_reports_through_its_own_channel_not_its_log_stream(
     script.write_text("import sys; print('crashed before reporting'); sys.exit(0)")
     with pytest.raises(RuntimeError, match="wrote no report"):
         runner("job-1")
-    script.write_text("import sys; sys.exit(3)")
-    with pytest.raises(RuntimeError, match="exited with 3"):
-        runner("job-1")
+
+
+# A runner child that follows a plan, one step per child started: "kill" (SIGKILL itself), "exit3",
+# "hang" (until killed) or "complete" (reports 7 inputs done). Each child appends its lease owner
+# id (given by its parent) to owners.log.
+PLANNED_CHILD = """
+import json, os, signal, sys, time
+from pathlib import Path
+args = sys.argv[1:]
+job_id, owner = args[1], args[args.index("--owner") + 1]
+report_file = args[args.index("--report-file") + 1]
+here = Path(__file__).parent
+with open(here / "owners.log", "a") as log:
+    log.write(owner + "\\n")
+plan = (here / "plan.txt").read_text().split()
+step = plan[min(len((here / "owners.log").read_text().split()), len(plan)) - 1]
+if step == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if step == "exit3":
+    sys.exit(3)
+if step == "hang":
+    time.sleep(120)
+with open(report_file, "w") as out:
+    out.write(json.dumps({"jobId": job_id, "outcome": "completed", "processed": 7}) + "\\n")
+"""
+
+
+class WatchedStore(InMemoryMetadataStore):
+    """Records the leases released; ``held_by_child`` makes the lease look held by the latest
+    child for its first ``held_by_child`` looks (a child holds it in the real store); ``progress``
+    makes every child started look as if it finished one input."""
+
+    def __init__(self, owners: Any, held_by_child: int = 0, progress: bool = False) -> None:
+        super().__init__()
+        self.owners_log, self.held_by_child, self.progress = owners, held_by_child, progress
+        self.released: list[str] = []
+
+    def owners(self) -> list[str]:
+        return self.owners_log.read_text().split() if self.owners_log.exists() else []
+
+    def release_job_lease(self, job_id: str, owner: str) -> None:
+        self.released.append(owner)
+        super().release_job_lease(job_id, owner)
+
+    def job_lease_holder(self, job_id: str) -> str | None:
+        if self.held_by_child > 0 and self.owners():
+            self.held_by_child -= 1
+            return self.owners()[-1]
+        return super().job_lease_holder(job_id)
+
+    def job_progress(self, job_id: str) -> tuple[int, int]:
+        return (len(self.owners()), 0) if self.progress else super().job_progress(job_id)
+
+
+def planned_runner(
+    tmp_path: Any, plan: str, store: WatchedStore, **policy: float
+) -> tuple[Any, WatchedStore]:
+    from modelless.offline.service import ChildProcessRunner, RestartPolicy
+
+    (tmp_path / "plan.txt").write_text(plan)
+    script = tmp_path / "child.py"
+    script.write_text(PLANNED_CHILD)
+    store.create_job(OfflineJob("job-1", APP, IN, OUT, status=JobStatus.RUNNING))
+    restarts = RestartPolicy(**{"first_delay_s": 0.05, "max_delay_s": 0.1, **policy})  # type: ignore[arg-type]
+    runner = ChildProcessRunner(
+        "redis://127.0.0.1:6379/0", command=[sys.executable, str(script)], store=store, restarts=restarts
+    )
+    return runner, store
+
+
+def test_a_child_runner_that_dies_is_freed_recorded_and_started_again_at_once(tmp_path: Any) -> None:
+    runner, store = planned_runner(tmp_path, "kill complete", WatchedStore(tmp_path / "owners.log"))
+
+    started = time.monotonic()
+    report = runner("job-1")
+
+    assert (report.outcome, report.processed) == (RunOutcome.COMPLETED, 7)
+    assert time.monotonic() - started < 10.0  # a restart, not a lease's expiry (10 s)
+    dead, second = store.owners()
+    assert dead != second and dead in store.released  # the dead child's lease, freed at once
+    job = store.get_job("job-1")
+    assert job is not None and job.restarts == 1
+    assert re.fullmatch(
+        r"runner exited with signal 9 \(SIGKILL\) at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ; resumed",
+        job.runner_failure,
+    ), job.runner_failure
+    assert store.job_lease_holder("job-1") is None  # the launcher's own note-taking lease, gone too
+
+
+def test_a_job_whose_runner_keeps_dying_without_progress_is_failed_saying_why(tmp_path: Any) -> None:
+    watched = WatchedStore(tmp_path / "owners.log")
+    runner, store = planned_runner(tmp_path, "exit3", watched, max_in_a_row=3, give_up_after_s=0.0)
+
+    report = runner("job-1")
+
+    assert report.outcome is RunOutcome.FAILED
+    assert len(store.owners()) == 3  # started twice again, then given up on
+    job = store.get_job("job-1")
+    assert job is not None and job.status is JobStatus.FAILED and job.restarts == 2
+    assert "died 3 times in a row without finishing an input" in job.message
+    assert "runner exited with code 3" in job.message and store.unfinished_jobs() == []
+
+
+def test_deaths_between_which_inputs_were_finished_do_not_add_up(tmp_path: Any) -> None:
+    watched = WatchedStore(tmp_path / "owners.log", progress=True)
+    plan = "exit3 exit3 exit3 exit3 complete"
+    runner, store = planned_runner(tmp_path, plan, watched, max_in_a_row=2, give_up_after_s=0.0)
+
+    assert runner("job-1").outcome is RunOutcome.COMPLETED
+
+    job = store.get_job("job-1")
+    assert job is not None and job.restarts == 4 and job.status is JobStatus.RUNNING
+
+
+def test_deaths_in_a_row_fail_the_job_only_once_they_have_lasted_a_while(tmp_path: Any) -> None:
+    """A runner that exits on an error it cannot handle (S3 down for some seconds) is not a job
+    that kills its runner every time: the streak must also last ``give_up_after_s``."""
+    watched = WatchedStore(tmp_path / "owners.log")
+    plan = "exit3 exit3 exit3 complete"
+    runner, store = planned_runner(tmp_path, plan, watched, max_in_a_row=2, give_up_after_s=60.0)
+
+    assert runner("job-1").outcome is RunOutcome.COMPLETED
+
+    job = store.get_job("job-1")
+    assert job is not None and job.restarts == 3 and job.status is JobStatus.RUNNING
+
+
+def test_a_child_runner_that_hangs_after_losing_its_lease_is_killed_and_replaced(tmp_path: Any) -> None:
+    # The child is seen holding its lease twice, then no more (its keepalive stopped): hung.
+    watched = WatchedStore(tmp_path / "owners.log", held_by_child=2)
+    runner, store = planned_runner(tmp_path, "hang complete", watched, watch_every_s=0.05, hung_grace_s=0.3)
+
+    report = runner("job-1")
+
+    assert report.outcome is RunOutcome.COMPLETED and len(store.owners()) == 2
+    job = store.get_job("job-1")
+    assert job is not None and job.restarts == 1 and "runner hung" in job.runner_failure
+
+
+def test_closing_a_child_runner_stops_its_child_without_starting_another(tmp_path: Any) -> None:
+    runner, store = planned_runner(tmp_path, "hang", WatchedStore(tmp_path / "owners.log"))
+    reports: list[Any] = []
+    thread = threading.Thread(target=lambda: reports.append(runner("job-1")))
+    thread.start()
+    wait_for(lambda: runner.pid_of("job-1") and store.owners(), 10.0, "the child to start its run")
+
+    runner.close()
+    thread.join(timeout=30)
+
+    assert [r.outcome for r in reports] == [RunOutcome.YIELDED] and len(store.owners()) == 1
+    assert store.owners()[0] in store.released  # the next start resumes the job at once
+    job = store.get_job("job-1")
+    assert job is not None and job.restarts == 0
 
 
 def test_child_processes_need_a_shared_store() -> None:

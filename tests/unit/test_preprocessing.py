@@ -67,6 +67,10 @@ def test_parse_recipe_nhwc_and_grey() -> None:
         ({"std": [1.0, 0.0, 1.0]}, RGB_2X2, "std must be positive"),
         ({"scale": 0}, RGB_2X2, "scale must be a positive number"),
         ({"scale": True}, RGB_2X2, "scale must be a positive number"),
+        ({"scale": 10**400}, RGB_2X2, "scale must be a positive number up to 1000000"),  # no float holds it
+        ({"scale": 1e300}, RGB_2X2, "scale must be a positive number up to 1000000"),
+        ({"std": [1.0, 1.0, 1e300]}, RGB_2X2, r"std must be 3 finite number\(s\) within"),
+        ({"mean": [0.5, 0.5, -(10**400)]}, RGB_2X2, "mean must be 3 finite"),
     ],
 )
 def test_parse_recipe_refusals(raw: Any, spec: TensorSpec, message: str) -> None:

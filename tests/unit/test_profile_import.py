@@ -264,14 +264,14 @@ REFUSED = [
     pytest.param(gpu_entry(latency_p50_ms={"1": math.nan, "8": 0.3, "64": 1.0}), "finite", id="nan-p50"),
     pytest.param(gpu_entry(latency_p99_ms={"1": 0.4, "8": math.inf, "64": 1.6}), "finite", id="inf-p99"),
     pytest.param(
-        gpu_entry(latency_p99_ms={"1": 0.0, "8": 0.5, "64": 1.6}), "must be positive", id="zero-latency"
+        gpu_entry(latency_p99_ms={"1": 0.0, "8": 0.5, "64": 1.6}), "must lie in [0.001,", id="zero-latency"
     ),
     pytest.param(gpu_entry(latency_p99_ms={"1": 0.4, "8": 0.5}), "same batch sizes", id="batch-mismatch"),
     pytest.param(
         gpu_entry(latency_p50_ms={"8": 0.3}, latency_p99_ms={"8": 0.5}), "batch 1 included", id="no-batch-1"
     ),
     pytest.param(gpu_entry(latency_p99_ms={"one": 0.4}), "not an integer", id="batch-not-integer"),
-    pytest.param(gpu_entry(latency_p99_ms={"0": 0.4}), "must be positive", id="batch-zero"),
+    pytest.param(gpu_entry(latency_p99_ms={"0": 0.4}), "must lie in [1, 4096]", id="batch-zero"),
     pytest.param(gpu_entry(latency_p99_ms={}), "must map batch sizes", id="empty-table"),
     pytest.param(gpu_entry(latency_p99_ms=[0.4, 0.5]), "must map batch sizes", id="table-not-a-map"),
     pytest.param(gpu_entry(accuracy=1.01), "accuracy must lie in [0, 1]", id="accuracy-above-1"),

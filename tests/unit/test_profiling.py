@@ -15,6 +15,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from modelless.exceptions import InvalidInputError
+from modelless.types import TensorSpec
 from modelless.variant_profiling import screened_out
 from tests.models import linear_model, valset_npz
 from variants.__main__ import REFERENCE_FILE
@@ -402,3 +404,16 @@ def test_the_build_step_writes_the_reference_answers_of_the_held_out_examples(
     assert np.array_equal(answers, logits.argmax(axis=1))
     assert {a["recipe"] for a in built["artifacts"]} >= {"fp32_all", "int8_all", "int8-static_all"}
     assert all(a["size_bytes"] > 0 for a in built["artifacts"])
+
+
+def test_read_examples_keeps_to_the_validation_sets_unpacked_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    valset = tmp_path / "valset.npz"
+    np.savez_compressed(valset, inputs=np.zeros((10_000, 8), np.float32), labels=np.zeros(10_000, np.int64))
+    specs = [TensorSpec("x", [8], "float32")]
+    assert read_examples(valset, specs)[0].shape == (10_000, 8)  # the default limit holds it
+
+    monkeypatch.setenv("MODELLESS_MAX_VALSET_UNPACKED_BYTES", "100000")  # 320 KB would unpack
+    with pytest.raises(InvalidInputError, match="may unpack to at most 100000 bytes"):
+        read_examples(valset, specs)

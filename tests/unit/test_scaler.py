@@ -32,6 +32,7 @@ class FakeProvider:
         self.assigned: dict[str, dict[str, int]] = {}
         self.calls: list[tuple[str, int]] = []
         self.profiles: dict[str, VariantProfile] = {}
+        self.replaced: dict[str, list[str]] = {}  # pool -> workers the next heal reports
 
     def size(self, pool: str) -> int:
         return self.sizes.get(pool, 0)
@@ -44,6 +45,9 @@ class FakeProvider:
     def assign(self, pool: str, instances: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
         self.assigned[pool] = dict(instances)
         self.profiles = dict(profiles)
+
+    def heal(self, pool: str) -> list[str]:
+        return self.replaced.pop(pool, [])
 
 
 def profile(name: str, pool: str, p99_ms: float, accuracy: float = 0.95, threads: int = 1) -> VariantProfile:
@@ -128,6 +132,17 @@ def test_no_load_means_the_minimum(store: InMemoryMetadataStore) -> None:
     report = Scaler(store, provider, DEFAULT_POOLS, config).tick(now=5000.0)
     assert report.workers["cpu"] == 1
     assert report.plan.total_instances == 0
+
+
+def test_each_tick_has_the_pools_heal_and_reports_what_was_replaced(store: InMemoryMetadataStore) -> None:
+    provider = FakeProvider({"cpu": 2})
+    provider.replaced["cpu"] = ["i-silent"]
+    config = ScalerConfig(min_hold_s=0, min_workers={"cpu": 1}, max_workers={"cpu": 4})
+    scaler = Scaler(store, provider, DEFAULT_POOLS, config)
+    first = scaler.tick(now=5000.0)
+    assert first.healed == {"cpu": ["i-silent"]}
+    assert first.summary()["healed"] == {"cpu": ["i-silent"]}
+    assert scaler.tick(now=5010.0).healed == {}
 
 
 def test_an_instance_the_plan_drops_is_kept_loaded_for_the_hold(store: InMemoryMetadataStore) -> None:

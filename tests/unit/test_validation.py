@@ -350,6 +350,59 @@ def test_load_valset_refuses_oversized() -> None:
     assert caught.value.status_code == 413
 
 
+def test_a_deflated_valset_past_its_unpacked_limit_is_413_naming_the_setting_before_inflating() -> None:
+    buffer = io.BytesIO()
+    np.savez_compressed(
+        buffer, inputs=np.zeros((40_000, 1, 8, 8), np.float32), labels=np.zeros(40_000, np.int64)
+    )
+    data = buffer.getvalue()  # ~10 MB of arrays in ~30 KB
+    assert len(data) < 100_000
+
+    with pytest.raises(PayloadTooLargeError) as refused:
+        load_valset(data, DIGITS_SIGNATURE, 200_000)  # unpacked: 4 x 200 KB by default
+
+    assert refused.value.details == {"limit": 800_000, "setting": "MODELLESS_MAX_VALSET_UNPACKED_BYTES"}
+    assert "validation array 'inputs' is 10240128 bytes unpacked" in refused.value.message
+    # The limit is the caller's to set: the same set within a larger one is read.
+    inputs, labels = load_valset(data, DIGITS_SIGNATURE, 200_000, max_unpacked_bytes=11_000_000)
+    assert inputs.shape == (40_000, 1, 8, 8) and labels.shape == (40_000,)
+
+
+def test_the_unpacked_limit_counts_every_array_of_the_set() -> None:
+    data = npz(inputs=np.zeros((1000, 1, 8, 8), np.float32), labels=np.zeros(1000, np.int64))
+    with pytest.raises(PayloadTooLargeError, match="validation array 'labels'"):
+        load_valset(data, DIGITS_SIGNATURE, LIMIT, max_unpacked_bytes=256_000 + 4_000)  # inputs fit
+
+
+def test_a_valset_array_whose_header_lies_is_refused_before_anything_is_allocated() -> None:
+    header = io.BytesIO()
+    # 8 TB declared; numpy's loader would try to allocate all of it before reading a byte.
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": (10**12, 1, 8, 8)}
+    )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("inputs.npy", header.getvalue() + b"\0" * 64)
+        archive.writestr("labels.npy", npy_of(np.zeros(1, np.int64)))
+    with pytest.raises(PayloadTooLargeError, match=r"declares 256000000000000 bytes of array data"):
+        load_valset(buffer.getvalue(), DIGITS_SIGNATURE, LIMIT)
+
+
+def test_a_valset_whose_zip_directory_lists_too_much_is_refused_unread() -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for index in range(2000):
+            archive.writestr(f"padding-{index:06d}.npy", b"")
+    with pytest.raises(InvalidModelError, match="bytes of members in its directory"):
+        load_valset(buffer.getvalue(), DIGITS_SIGNATURE, LIMIT)
+
+
+def npy_of(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
 @pytest.mark.parametrize("member", ["inputs", "labels"])
 def test_load_valset_refuses_pickled_object_arrays_without_unpickling(member: str) -> None:
     UNPICKLED.clear()

@@ -265,7 +265,8 @@ def variant_rows(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def job_progress_line(job: dict[str, Any], width: int = 30) -> str:
-    """``[#####.....] 120/500 24% running, 35.2 inputs/s, 3 failed`` (and why it is paused)."""
+    """``[#####.....] 120/500 24% running, 35.2 inputs/s, 3 failed`` (and why it is paused, or
+    that its runner has gone silent)."""
     total = int(job.get("total") or 0)
     done = int(job.get("done") or 0)
     filled = int(width * done / total) if total else (width if job["status"] == "completed" else 0)
@@ -274,7 +275,9 @@ def job_progress_line(job: dict[str, Any], width: int = 30) -> str:
         f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total or '?'} {percent} {job['status']}, "
         f"{float(job.get('throughput') or 0.0):.1f} inputs/s, {int(job.get('errors') or 0)} failed"
     )
-    if job.get("paused"):
+    if job.get("health") == "stalled":
+        line += f" STALLED: no heartbeat from its runner for {float(job.get('heartbeatAgeS') or 0.0):.1f} s"
+    elif job.get("paused"):
         line += f" (paused: {job.get('pauseReason')})"
     return line
 
@@ -292,6 +295,8 @@ def job_report(job: dict[str, Any]) -> str:
     ]
     if job.get("summaryPath"):
         lines.append(f"  summary:  {job['summaryPath']}")
+    if job.get("lastRunnerFailure"):
+        lines.append(f"  restarts: {job.get('restarts', 0)} (last: {job['lastRunnerFailure']})")
     for sample in job.get("errorSamples") or []:
         lines.append(f"  failed:   {sample['input']}: {sample['error']}")
     return "\n".join(lines)
@@ -524,7 +529,8 @@ def _cmd_allow_buckets(args: argparse.Namespace) -> None:
 
 def _cmd_workers(args: argparse.Namespace) -> None:
     with _client(args) as client:
-        for worker in client.workers():
+        # An app's key sees its own instances; without --app, the admin key sees every worker.
+        for worker in client.workers(admin=args.app is None):
             loaded = ", ".join(
                 f"{i['variant_id']}[{i['state']} {i['qps']:.1f}qps]" for i in worker["instances"]
             )
@@ -679,8 +685,10 @@ def build_parser() -> argparse.ArgumentParser:
     allow.add_argument("buckets", nargs="*", help="bucket names (none: no bucket)")
     allow.set_defaults(run=_cmd_allow_buckets)
 
-    workers = commands.add_parser("workers", help="live worker state")
-    workers.add_argument("--app", required=True)
+    workers = commands.add_parser(
+        "workers", help="live worker state: an app's own instances (--app), or every worker (admin key)"
+    )
+    workers.add_argument("--app", help="the app whose instances to show (its key); default: all (admin key)")
     workers.set_defaults(run=_cmd_workers)
     return parser
 

@@ -14,7 +14,8 @@ import io
 import json
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,13 @@ import numpy as np
 S3_SCHEME = "s3://"
 # A registration answers once its model is checked and test-run: a gigabyte's takes a while.
 REGISTER_TIMEOUT_S = 600.0
+# The calls that create something (register_model, offline_query) carry an Idempotency-Key and
+# are tried again with it, after these pauses, when their reply was lost: a dropped connection, a
+# 502/503/504, or a 409 saying the first attempt still runs. The server answers a retry with the
+# first attempt's reply, so nothing is created twice.
+RETRY_DELAYS_S = (0.5, 1.0, 2.0)
+RETRIED_STATUSES = frozenset({502, 503, 504})
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 
 
 class ModellessClientError(Exception):
@@ -48,12 +56,20 @@ class RegistrationWaitTimeout(TimeoutError):
 
 class Client:
     def __init__(
-        self, url: str, api_key: str | None = None, admin_key: str | None = None, timeout_s: float = 60.0
+        self,
+        url: str,
+        api_key: str | None = None,
+        admin_key: str | None = None,
+        timeout_s: float = 60.0,
+        retry_delays_s: Sequence[float] = RETRY_DELAYS_S,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = url.rstrip("/")
         self._api_key = api_key
         self._admin_key = admin_key
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self._retry_delays_s = tuple(retry_delays_s)
+        self._sleep = sleep
 
     def __enter__(self) -> Client:
         return self
@@ -88,6 +104,33 @@ class Client:
             )
         return response.json() if response.content else None
 
+    def _call_once(
+        self,
+        method: str,
+        path: str,
+        idempotency_key: str | None = None,
+        rewind: Callable[[], None] = lambda: None,
+        **kwargs: Any,
+    ) -> Any:
+        """A call that creates something, made at most once server-side: it carries an
+        ``Idempotency-Key`` (``idempotency_key``, else a new UUID for this logical call) and is
+        tried again with the same key after each of ``retry_delays_s`` while its reply is lost
+        (see ``RETRY_DELAYS_S``). ``rewind``: puts the request's file parts back at their start
+        before each try."""
+        headers = {IDEMPOTENCY_HEADER: idempotency_key or str(uuid.uuid4())}
+        for delay in (*self._retry_delays_s, None):
+            rewind()
+            try:
+                return self._call(method, path, headers=headers, **kwargs)
+            except httpx.TransportError:
+                if delay is None:
+                    raise
+            except ModellessClientError as error:
+                if delay is None or not _worth_retrying(error):
+                    raise
+            self._sleep(delay)
+        raise AssertionError("unreachable: the last try returns or raises")
+
     def health(self) -> bool:
         try:
             return bool(self._call("GET", "/health")["status"] == "ok")
@@ -115,6 +158,7 @@ class Client:
         metric: str = "top1",
         preprocessing: Mapping[str, Any] | None = None,
         model_data: Path | str | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """Register a model with its validation set (docs/REGISTRATION.md).
 
@@ -124,7 +168,9 @@ class Client:
         client, so that the server never loads a pickle. ``valset``: an ``.npz``'s path, bytes or
         ``s3://`` URI. ``model_data``: the model's external data file (``x.onnx.data``), a path
         or ``s3://`` URI. ``preprocessing``: the recipe that turns image bytes into the model's
-        input. Files are streamed from disk, never read whole into memory here."""
+        input. Files are streamed from disk, never read whole into memory here. The call carries
+        ``idempotency_key`` (else a new UUID) and is retried with it when its reply is lost
+        (``RETRY_DELAYS_S``): it registers the model once, whatever happens to the connection."""
         with contextlib.ExitStack() as opened:
             if _is_module(model):
                 if isinstance(valset, str) and valset.startswith(S3_SCHEME):
@@ -157,16 +203,30 @@ class Client:
                         opened.enter_context(path.open("rb")),
                         "application/octet-stream",
                     )
+
+            def rewind() -> None:
+                for _, content, _ in files.values():
+                    if hasattr(content, "seek"):
+                        content.seek(0)
+
             if files:
                 if preprocessing is not None:
                     fields["preprocessing"] = json.dumps(dict(preprocessing))
-                reply: dict[str, Any] = self._call(
-                    "POST", "/v1/register_model", data=fields, files=files, timeout=REGISTER_TIMEOUT_S
+                reply: dict[str, Any] = self._call_once(
+                    "POST",
+                    "/v1/register_model",
+                    idempotency_key,
+                    rewind,
+                    data=fields,
+                    files=files,
+                    timeout=REGISTER_TIMEOUT_S,
                 )
             else:
                 if preprocessing is not None:
                     fields["preprocessing"] = dict(preprocessing)
-                reply = self._call("POST", "/v1/register_model", json=fields, timeout=REGISTER_TIMEOUT_S)
+                reply = self._call_once(
+                    "POST", "/v1/register_model", idempotency_key, json=fields, timeout=REGISTER_TIMEOUT_S
+                )
         return reply
 
     def registrations(self) -> list[dict[str, Any]]:
@@ -276,16 +336,18 @@ class Client:
         app_id: str,
         accuracy: float | None = None,
         model_name: str | None = None,
+        idempotency_key: str | None = None,
     ) -> dict[str, Any]:
         """INFaaS ``offline_query``: a batch job over every object under ``input_path``
         (``s3://bucket/prefix``); one result per input lands under ``output_path``. Returns the
-        job at once (``wait_for_job`` follows it to the end)."""
+        job at once (``wait_for_job`` follows it to the end). Carries ``idempotency_key`` (else a
+        new UUID) and is retried with it when its reply is lost: one job, however many tries."""
         body: dict[str, Any] = {"appID": app_id, "inputPath": input_path, "outputPath": output_path}
         if accuracy is not None:
             body["accuracy"] = accuracy
         if model_name is not None:
             body["modelName"] = model_name
-        reply: dict[str, Any] = self._call("POST", "/v1/offline_query", json=body)
+        reply: dict[str, Any] = self._call_once("POST", "/v1/offline_query", idempotency_key, json=body)
         return reply
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -320,8 +382,17 @@ class Client:
     def models(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/v1/models")["models"])
 
-    def workers(self) -> list[dict[str, Any]]:
-        return list(self._call("GET", "/v1/workers")["workers"])
+    def workers(self, admin: bool = False) -> list[dict[str, Any]]:
+        """Live worker state: with the app's key, the workers running its own instances (those
+        only, without addresses); with the admin key (``admin=True``), every worker as it reports."""
+        return list(self._call("GET", "/v1/workers", admin=admin)["workers"])
+
+
+def _worth_retrying(error: ModellessClientError) -> bool:
+    """A reply that says the call did not happen yet, or may not have: a gateway or server that
+    could not answer now, or the first attempt of this very call still running."""
+    in_progress = error.code == "idempotency_conflict" and error.details.get("reason") == "in_progress"
+    return error.status in RETRIED_STATUSES or in_progress
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -30,6 +30,9 @@ MiB = 1024 * 1024
 ENV_PREFIX = "MODELLESS_"
 # Room in a register_model body for its form fields and multipart boundaries.
 REGISTER_FRAMING_BYTES = 64 * 1024
+# A validation set's arrays, unpacked, may be this many times the file's own limit by default:
+# room for a well-compressed set, none for a decompression bomb.
+VALSET_UNPACK_FACTOR = 4
 # Variables of the Lambda runtime a setting falls back to (read with the MODELLESS_* ones).
 LAMBDA_FUNCTION_NAME = "AWS_LAMBDA_FUNCTION_NAME"
 
@@ -68,6 +71,15 @@ class Settings(_EnvSettings):
     # protobuf's 2 GB.
     max_model_bytes: int = 1024 * MiB
     max_valset_bytes: int = 256 * MiB
+    # A validation set's arrays once unpacked (an .npz may be deflated: a few MB can stand for
+    # gigabytes), checked against what the archive declares before anything is inflated; 0:
+    # VALSET_UNPACK_FACTOR times max_valset_bytes (``valset_unpacked_limit``).
+    max_valset_unpacked_bytes: int = Field(default=0, ge=0)
+    # The memory (address space) of the child process that checks and test-runs a model; 0:
+    # derived from the registration's files (``modelless.ingest.ingest_memory_limit``).
+    max_ingest_memory_bytes: int = Field(default=0, ge=0)
+    # How long register_model and offline_query remember an Idempotency-Key and their reply.
+    idempotency_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     # The whole register_model request body; 0: the model and validation set limits plus framing
     # (``register_body_limit``). Set where a proxy carries less (AWS: API Gateway hands Lambda at
     # most 6 MB, base64-encoded), so that larger uploads are refused naming the s3:// way instead.
@@ -79,6 +91,17 @@ class Settings(_EnvSettings):
     max_batch: int = 64
     # The gateway caches static profiles until their version changes; this TTL is a safety net.
     profile_cache_ttl_s: float = 60.0
+    # The metadata store (docs/PERSISTENCE.md). A Redis command not answered within
+    # metadata_timeout_s (a connection not made within metadata_connect_timeout_s) is an outage:
+    # the store counts as down, and calls fail at once, until a probe finds it answering again.
+    metadata_timeout_s: float = Field(default=1.0, gt=0)
+    metadata_connect_timeout_s: float = Field(default=1.0, gt=0)
+    # During an outage the gateway answers the apps it knows from its last good reads of their API
+    # keys, profiles and workers, each for at most this long after it was read (0: never).
+    stale_cache_max_age_s: float = Field(default=300.0, ge=0)
+    # The marker the store must hold (the embedded stack writes one and sets this); a store
+    # without it was emptied since: /health/ready answers 503 store_emptied. Empty: not checked.
+    metadata_epoch: str = ""
     # Profiling (docs/VARIANTS.md): per batch size, timed runs go on until the 95 % confidence
     # interval of the median is within +-profile_stability_pct, with at least profile_min_runs,
     # at most profile_runs, and past the minimum for at most profile_batch_budget_s seconds.
@@ -105,6 +128,12 @@ class Settings(_EnvSettings):
         if self.max_register_body_bytes > 0:
             return self.max_register_body_bytes
         return self.max_model_bytes + self.max_valset_bytes + REGISTER_FRAMING_BYTES
+
+    @property
+    def valset_unpacked_limit(self) -> int:
+        """A validation set's arrays, unpacked: ``max_valset_unpacked_bytes`` where set, else
+        ``VALSET_UNPACK_FACTOR`` times the file's own limit."""
+        return self.max_valset_unpacked_bytes or VALSET_UNPACK_FACTOR * self.max_valset_bytes
 
     @property
     def register_body_setting(self) -> str:
@@ -147,7 +176,11 @@ class Settings(_EnvSettings):
     # run would pass offline_run_ms (an online query may wait behind one run).
     offline_max_batch: int = 32
     offline_run_ms: float = 10.0
-    offline_lease_s: float = 30.0
+    # A job runner's lease, renewed every second (``offline.runner``): how long the job of a runner
+    # that died unwatched (a gateway thread, a Lambda invocation) waits before another may take it.
+    offline_lease_s: float = 10.0
+    # Embedded stack: how often the supervisor looks for unfinished jobs that nobody holds.
+    offline_resume_every_s: float = 1.0
     offline_max_input_bytes: int = 16 * MiB
     offline_max_inputs: int = 100000
     # The embedded stack polls this SQS queue (fed by S3 event notifications) for events that

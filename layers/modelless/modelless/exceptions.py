@@ -86,6 +86,13 @@ class TargetsUnreachableError(ModellessError):
     code = "targets_unreachable"
 
 
+class IdempotencyConflictError(ConflictError):
+    """An ``Idempotency-Key`` already used by this app for a different request, or for one still
+    running: nothing is done for this one (docs/REGISTRATION.md, "Retries")."""
+
+    code = "idempotency_conflict"
+
+
 class NotReadyError(ModellessError):
     """The model exists but its variants are still being generated and profiled."""
 
@@ -94,8 +101,33 @@ class NotReadyError(ModellessError):
 
 
 class ServiceUnavailableError(ModellessError):
+    """Something the request needs is down or busy now: worth retrying. The API answers 503 with
+    a ``Retry-After`` header of ``retry_after_s`` (a ``retry_after_s`` detail where the error
+    gives one, else the class's)."""
+
     status_code = 503
     code = "unavailable"
+    retry_after_s = 1
+
+
+# --- The metadata store --------------------------------------------------------------------------
+
+
+class StoreUnavailableError(ServiceUnavailableError):
+    """The metadata store did not answer (refused, timed out, still loading its data): what was
+    asked could not be read or written. Requests that need only what this process read earlier
+    (a known app's key, profiles and workers) are served from it meanwhile."""
+
+    code = "store_unavailable"
+    retry_after_s = 2
+
+
+class StoreEmptiedError(ServiceUnavailableError):
+    """The metadata store answers but has lost what was registered in it (it came back empty,
+    without persistence): serving on would treat every app, key and model as never registered."""
+
+    code = "store_emptied"
+    retry_after_s = 30
 
 
 # --- Serving: the worker, its batches, the dispatcher's attempts ---------------------------------

@@ -12,14 +12,17 @@ the batch dimension at the example's size. So a registration may send
 
 ``ingest`` makes one self-contained ``.onnx`` of it (weights loaded in, saved without external
 data; refused past protobuf's 2 GB), rewrites a batch dimension that every input and output fixes
-to a symbolic ``batch``, reads the signature (every input as a ``TensorSpec``), test-runs the
-model with onnxruntime at batch 1 and batch 2 on synthetic inputs where onnxruntime is installed
-(the AWS gateway leaves it out: the registrar test-runs it first there), and reads the validation
-set into its canonical form.
+to a symbolic ``batch``, reads the signature (every input as a ``TensorSpec``), reads the
+validation set into its canonical form (within its unpacked limit, ``modelless.archives``), and
+test-runs the model with onnxruntime at batch 1 and batch 2 on the validation set's first
+examples where onnxruntime is installed (the AWS gateway leaves it out: the registrar test-runs
+it first there).
 
-Models beyond ``IN_PROCESS_MAX_BYTES`` are ingested in a child process (``ingest_in_child``):
-parsing, checking and test-running a model costs several times its size in memory, which must not
-stay with the gateway that serves queries. Every failure is a domain error (4xx) that says what to
+Every model that is test-run, and every registration whose files (or validation set, unpacked)
+pass ``IN_PROCESS_MAX_BYTES``, is ingested in a child process (``ingest_in_child``): parsing,
+checking and running an arbitrary graph costs several times its size in memory, and may take
+any time, neither of which may stay with the gateway that serves queries; there it is held to a
+time limit and an address-space limit. Every failure is a domain error (4xx) that says what to
 send instead.
 """
 
@@ -32,19 +35,24 @@ import posixpath
 import subprocess
 import sys
 import tarfile
-import zipfile
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from modelless import exceptions
+from modelless.archives import UNREADABLE, npz_unpacked_bytes, open_zip
+from modelless.config import VALSET_UNPACK_FACTOR
 from modelless.exceptions import InvalidInputError, InvalidModelError, ModellessError, first_line
-from modelless.tensors import example_batch, to_feeds
+from modelless.tensors import to_feeds
 from modelless.types import TensorSpec
 from modelless.validation import (
     MAX_MODEL_SETTING,
     MAX_VALSET_SETTING,
+    MAX_VALSET_UNPACKED_SETTING,
     ModelSignature,
     check_model,
     load_model,
@@ -52,6 +60,7 @@ from modelless.validation import (
     read_valset,
     too_large,
 )
+from variants.examples import rows
 
 if TYPE_CHECKING:
     import onnx
@@ -59,9 +68,21 @@ if TYPE_CHECKING:
 S3_SCHEME = "s3://"
 # One serialized ONNX model (a protobuf message) holds at most 2 GiB.
 MAX_PROTOBUF_BYTES = 2 * 1024**3 - 1
-# Larger models (with their external data) or validation sets are ingested in a child process.
+# Larger models (with their external data) or validation sets (unpacked) are ingested in a child
+# process; so is every model that is test-run (the run is bounded in time and memory there).
 IN_PROCESS_MAX_BYTES = 16 * 1024 * 1024
 CHILD_TIMEOUT_S = 600
+# A test run (batch 1, then batch 2) is stopped past this: a graph that loops for ever is refused.
+TRIAL_RUN_TIMEOUT_S = 60.0
+# The child's address space, beyond what its files take (several times their size while a model
+# is parsed, checked and run): the interpreter, numpy, onnx and onnxruntime themselves.
+INGEST_BASE_MEMORY_BYTES = 2 * 1024**3
+INGEST_MEMORY_PER_FILE_BYTE = 4
+MAX_INGEST_MEMORY_SETTING = "MODELLESS_MAX_INGEST_MEMORY_BYTES"
+# A model archive's members and central directory, at most: external data comes in one file, or
+# one per tensor (a few thousand for the largest graphs); past these it is not a model's export.
+MAX_ARCHIVE_MEMBERS = 10_000
+ARCHIVE_DIRECTORY_BYTES = 4 * 1024 * 1024
 BATCH_DIM = "batch"
 COPY_CHUNK_BYTES = 1024 * 1024
 # Archive members that are packaging debris, not the model's files.
@@ -116,6 +137,15 @@ class Limits:
     valset_bytes: int
     model_setting: str = MAX_MODEL_SETTING
     valset_setting: str = MAX_VALSET_SETTING
+    # The validation set's arrays unpacked; 0: VALSET_UNPACK_FACTOR times valset_bytes.
+    valset_unpacked_bytes: int = 0
+    valset_unpacked_setting: str = MAX_VALSET_UNPACKED_SETTING
+    # The ingesting child's address space; 0: derived from the files (``ingest_memory_limit``).
+    memory_bytes: int = 0
+
+    @property
+    def valset_unpacked_limit(self) -> int:
+        return self.valset_unpacked_bytes or VALSET_UNPACK_FACTOR * self.valset_bytes
 
 
 # --- formats and archives ---------------------------------------------------------------------
@@ -135,10 +165,22 @@ def detect_format(path: Path) -> ModelFormat:
 
 def unpack(archive: Path, target: Path, limit: int, setting: str = MAX_MODEL_SETTING) -> Path:
     """Extract a zip or tar into ``target`` (regular files only, never outside it, at most
-    ``limit`` bytes in all) and return its one ``.onnx`` file."""
+    ``limit`` bytes and ``MAX_ARCHIVE_MEMBERS`` files in all) and return its one ``.onnx`` file.
+    A zip is refused on what it declares (its directory, its members' sizes) before anything is
+    extracted; what is extracted is counted as well, since declared sizes may lie."""
     kind = detect_format(archive)
     target.mkdir(parents=True, exist_ok=True)
     written = 0
+    members = 0
+
+    def count_member(name: str) -> None:
+        nonlocal members
+        members += 1
+        if members > MAX_ARCHIVE_MEMBERS:
+            raise InvalidModelError(
+                f"the model archive holds more than {MAX_ARCHIVE_MEMBERS} files (at {name!r}); a "
+                "model's export is its .onnx and its external data: send those only"
+            )
 
     def extract(name: str, source: IO[bytes]) -> None:
         nonlocal written
@@ -154,14 +196,19 @@ def unpack(archive: Path, target: Path, limit: int, setting: str = MAX_MODEL_SET
 
     try:
         if kind == "zip":
-            with zipfile.ZipFile(archive) as zipped:
-                for info in zipped.infolist():
-                    if not info.is_dir() and not _ignored(info.filename):
-                        with zipped.open(info) as member:
-                            extract(info.filename, member)
+            with open_zip(archive, "the model archive", ARCHIVE_DIRECTORY_BYTES, InvalidModelError) as zipped:
+                wanted = [i for i in zipped.infolist() if not i.is_dir() and not _ignored(i.filename)]
+                declared = sum(info.file_size for info in wanted)
+                if declared > limit:
+                    raise too_large("the model archive's contents", limit, setting, declared)
+                for info in wanted:
+                    count_member(info.filename)
+                    with zipped.open(info) as member:
+                        extract(info.filename, member)
         elif kind == "tar":
             with tarfile.open(archive, mode="r:*") as tarred:
                 for entry in tarred:
+                    count_member(entry.name)  # every entry: tarfile keeps each one it has read
                     if entry.isdir() or _ignored(entry.name):
                         continue
                     if not entry.isfile():
@@ -175,7 +222,7 @@ def unpack(archive: Path, target: Path, limit: int, setting: str = MAX_MODEL_SET
                             extract(entry.name, contents)
         else:
             raise InvalidModelError("the model file is not a zip or tar archive")
-    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as error:
+    except (*UNREADABLE, tarfile.TarError) as error:
         raise InvalidModelError(f"the model archive cannot be read: {first_line(error)}") from error
     models = sorted(p for p in target.rglob("*.onnx") if p.is_file())
     if len(models) != 1:
@@ -358,43 +405,84 @@ def onnxruntime_available() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None
 
 
-def trial_run(model_path: Path, signature: ModelSignature, fixed_batch: int | None = None) -> None:
-    """Run the model with onnxruntime at batch 1 and batch 2 on synthetic inputs; InvalidModelError
-    when it does not load, does not run, or does not answer [batch, classes] at both sizes."""
+def trial_run(
+    model_path: Path,
+    signature: ModelSignature,
+    examples: np.ndarray,
+    fixed_batch: int | None = None,
+    timeout_s: float = TRIAL_RUN_TIMEOUT_S,
+) -> None:
+    """Run the model with onnxruntime on real validation examples, the first alone (batch 1) and
+    the first two (batch 2; the one repeated when the set holds one): InvalidModelError when it
+    does not load, does not run on them, does not answer [batch, classes] at both sizes, or runs
+    past ``timeout_s`` (stopped there). Real rows, not synthetic ones: a graph may run on zeros
+    and fail on the values it will be sent (a token id past its embedding table)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1  # beside the gateway's own work: one core at most
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    options.enable_cpu_mem_arena = False  # what the run allocates is given back when it ends
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     try:
         session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # onnxruntime raises its own exception types, none exported cleanly
         raise InvalidModelError(f"onnxruntime cannot load the model: {first_line(error)}") from error
     names = [spec.name for spec in signature.inputs]
-    for rows in (1, 2):
-        feeds = to_feeds(example_batch(signature.inputs, rows), names)
+    for count in (1, 2):
+        feeds = to_feeds(rows(examples, count), names)
         try:
-            outputs = session.run(None, feeds)
+            outputs = _run_within(session, feeds, timeout_s)
+        except TimeoutError as error:
+            raise InvalidModelError(
+                f"the model's test run on {count} validation example(s) took longer than "
+                f"{timeout_s:g} s and was stopped"
+            ) from error
         except Exception as error:
-            if rows == 1:
+            if count == 1:
                 raise InvalidModelError(
-                    f"the model loads but does not run on one synthetic example: {first_line(error)}"
+                    f"the model loads but does not run on the first validation example: {first_line(error)}"
                 ) from error
             raise InvalidModelError(
                 _fixed_batch_message(signature, fixed_batch, f"onnxruntime at batch 2: {first_line(error)}")
             ) from error
         shape = tuple(outputs[0].shape)
-        if shape != (rows, signature.num_classes):
-            if rows == 2 and shape[:1] != (2,):
+        if shape != (count, signature.num_classes):
+            if count == 2 and shape[:1] != (2,):
                 raise InvalidModelError(
                     _fixed_batch_message(signature, fixed_batch, f"at batch 2 it answers {list(shape)}")
                 )
             raise InvalidModelError(
-                f"at batch {rows} the model answers shape {list(shape)}, not its declared "
-                f"[{rows}, {signature.num_classes}]"
+                f"at batch {count} the model answers shape {list(shape)}, not its declared "
+                f"[{count}, {signature.num_classes}]"
             )
+
+
+def _run_within(session: Any, feeds: dict[str, np.ndarray], timeout_s: float) -> list[np.ndarray]:
+    """``session.run``, told to stop (``RunOptions.terminate``, checked between the graph's nodes)
+    once ``timeout_s`` has passed: TimeoutError then."""
+    import onnxruntime as ort
+
+    run_options = ort.RunOptions()
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        run_options.terminate = True
+
+    timer = threading.Timer(timeout_s, stop)
+    timer.daemon = True
+    timer.start()
+    try:
+        outputs: list[np.ndarray] = session.run(None, feeds, run_options)
+    except Exception:
+        if stopped.is_set():
+            raise TimeoutError(f"stopped after {timeout_s:g} s") from None
+        raise
+    finally:
+        timer.cancel()
+    return outputs
 
 
 def _fixed_batch_message(signature: ModelSignature, fixed_batch: int | None, what: str) -> str:
@@ -518,10 +606,17 @@ def ingest(request: IngestRequest) -> IngestedModel:
         model_path = request.work_dir / "model.onnx"
         onnx.save_model(model, str(model_path))
     del model  # the weights: the test run loads them again, from the file
+    valset = read_valset(
+        request.valset,
+        signature,
+        limits.valset_bytes,
+        limits.valset_setting,
+        limits.valset_unpacked_limit,
+        limits.valset_unpacked_setting,
+    )
     tested = request.run_model and onnxruntime_available()
     if tested:
-        trial_run(model_path, signature, fixed_batch)
-    valset = read_valset(request.valset, signature, limits.valset_bytes, limits.valset_setting)
+        trial_run(model_path, signature, valset.batch(signature), fixed_batch)
     valset_path = request.valset
     if not valset.canonical:
         valset_path = request.work_dir / "valset.npz"
@@ -530,22 +625,48 @@ def ingest(request: IngestRequest) -> IngestedModel:
 
 
 def needs_child(request: IngestRequest) -> bool:
-    """Whether ``request`` is big enough to ingest in a child process (see the module's doc)."""
+    """Whether to ingest ``request`` in a child process: always when the model is to be test-run
+    (an arbitrary graph runs there, bounded in time and memory, not beside the queries this
+    process serves), else when its files, or its validation set unpacked, are large (see the
+    module's doc)."""
+    if request.run_model and onnxruntime_available():
+        return True
     files = [request.model, request.valset] + ([request.model_data] if request.model_data else [])
-    return any(path.stat().st_size > IN_PROCESS_MAX_BYTES for path in files)
+    sizes = [path.stat().st_size for path in files] + [npz_unpacked_bytes(request.valset)]
+    return any(size > IN_PROCESS_MAX_BYTES for size in sizes)
+
+
+def ingest_memory_limit(request: IngestRequest) -> int:
+    """The ingesting child's address space: ``Limits.memory_bytes`` where set, else a base for the
+    interpreter and its libraries plus a few times what its files hold (unpacked)."""
+    if request.limits.memory_bytes > 0:
+        return request.limits.memory_bytes
+    files = [request.model] + ([request.model_data] if request.model_data else [])
+    held = sum(path.stat().st_size for path in files) + max(
+        request.valset.stat().st_size, npz_unpacked_bytes(request.valset)
+    )
+    return INGEST_BASE_MEMORY_BYTES + INGEST_MEMORY_PER_FILE_BYTE * held
 
 
 def ingest_in_child(request: IngestRequest, timeout_s: float = CHILD_TIMEOUT_S) -> IngestedModel:
     """``ingest`` in a ``python -m modelless.ingest`` child process: its memory (several times
-    the model's size while it is parsed, checked and test-run) goes back to the system with it.
-    Its domain errors are raised here again, as they were raised there."""
+    the model's size while it is parsed, checked and test-run) goes back to the system with it,
+    and it may use at most ``ingest_memory_limit`` (its address space, set by the child itself),
+    for at most ``timeout_s``. Its domain errors are raised here again, as they were raised there."""
     answer = request.work_dir / "ingest-answer.json"
     request.work_dir.mkdir(parents=True, exist_ok=True)
-    # The child imports what this process imports, wherever the runtime put it (Lambda's layers).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    memory = ingest_memory_limit(request)
+    # The child imports what this process imports, wherever the runtime put it (Lambda's layers);
+    # one BLAS thread, as onnxruntime gets one: each would reserve address space of its own.
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     try:
         completed = subprocess.run(
-            [sys.executable, "-m", "modelless.ingest", request.to_json(), str(answer)],
+            [sys.executable, "-m", "modelless.ingest", request.to_json(), str(answer), str(memory)],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -581,13 +702,19 @@ def _error_from(error: dict[str, Any]) -> Exception:
 
 
 def main(argv: Sequence[str]) -> int:
-    """The child's side of ``ingest_in_child``: ``python -m modelless.ingest REQUEST_JSON ANSWER``."""
-    request_json, answer_path = argv
+    """The child's side of ``ingest_in_child``:
+    ``python -m modelless.ingest REQUEST_JSON ANSWER [MEMORY_BYTES]``."""
+    request_json, answer_path, *memory = argv
     answer = Path(answer_path)
+    limit = int(memory[0]) if memory else 0
+    if limit > 0:
+        import resource
+
+        # The address space, not the resident set: what a graph asks for is refused when asked
+        # (onnxruntime and numpy raise), not granted and then killed for by the kernel.
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
-        reply: dict[str, Any] = {
-            "ingested": json.loads(ingest(IngestRequest.from_json(request_json)).to_json())
-        }
+        reply: dict[str, Any] = {"ingested": json.loads(_ingest_within(request_json, limit).to_json())}
     except ModellessError as error:
         reply = {"error": {"type": type(error).__name__, "message": error.message, "details": error.details}}
     except Exception as error:  # reported, not hidden: the parent raises it as a failure of its own
@@ -596,6 +723,19 @@ def main(argv: Sequence[str]) -> int:
     partial.write_text(json.dumps(reply, default=str))
     partial.replace(answer)
     return 0
+
+
+def _ingest_within(request_json: str, memory_limit: int) -> IngestedModel:
+    """``ingest`` in the child, whose running out of its address space is the model's doing."""
+    try:
+        return ingest(IngestRequest.from_json(request_json))
+    except MemoryError as error:
+        raise InvalidModelError(
+            f"checking and test-running the model needs more than {memory_limit} bytes of memory "
+            f"({MAX_INGEST_MEMORY_SETTING} raises it)",
+            limit=memory_limit,
+            setting=MAX_INGEST_MEMORY_SETTING,
+        ) from error
 
 
 if __name__ == "__main__":

@@ -13,15 +13,15 @@ Each refusal is a 4xx domain error that says what was wrong (``InvalidInputError
 
 from __future__ import annotations
 
-import io
 import math
-import zipfile
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
+from modelless.archives import UNREADABLE, open_zip, read_npz_member
+from modelless.archives import read_npy as read_npy  # the worker hop reads its .npy here too
 from modelless.exceptions import InvalidInputError, UnsupportedMediaTypeError, first_line
 from modelless.tensors import from_feeds, is_structured
 from modelless.types import ModelRecord, TensorSpec
@@ -54,8 +54,6 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 JPEG_MAGIC = b"\xff\xd8\xff"
-# An .npy header and an .npz member's framing, beyond the array data itself.
-ARRAY_FRAMING_BYTES = 64 * 1024
 
 
 def body_kind(content_type: str | None, body: bytes) -> BodyKind:
@@ -109,12 +107,19 @@ def binary_inputs(kind: BodyKind, body: bytes, model: ModelRecord, max_batch: in
 # --- each form --------------------------------------------------------------------------------
 
 
-def query_inputs(raw: Any, model: ModelRecord, max_batch: int) -> np.ndarray:
+def query_inputs(
+    raw: Any, model: ModelRecord, max_batch: int, booleans_possible: bool = True
+) -> np.ndarray:
     """A JSON query's ``inputs`` (nested lists; or an object of them by input name, which a model
-    with several inputs needs) as the batch ``model`` takes."""
+    with several inputs needs) as the batch ``model`` takes. ``booleans_possible``: False when
+    the body is known to hold no JSON ``true``/``false`` (``json_may_hold_booleans``), which
+    spares the search for them."""
     specs = model.input_specs
     if isinstance(raw, Mapping):
-        arrays = {str(name): _json_array(value, name) for name, value in raw.items()}
+        arrays = {
+            str(name): _json_array(value, name, booleans_possible=booleans_possible)
+            for name, value in raw.items()
+        }
         return check_batch(arrays, model, max_batch)
     if len(specs) > 1:
         raise InvalidInputError(
@@ -122,7 +127,13 @@ def query_inputs(raw: Any, model: ModelRecord, max_batch: int) -> np.ndarray:
             f"{{{', '.join(repr(s.name) for s in specs)}: [...]}}",
             expected=[s.name for s in specs],
         )
-    return check_batch(_json_array(raw, None, specs[0]), model, max_batch)
+    return check_batch(_json_array(raw, None, specs[0], booleans_possible), model, max_batch)
+
+
+def json_may_hold_booleans(body: bytes) -> bool:
+    """Whether a JSON body may hold ``true`` or ``false`` anywhere (False is certain; True may be
+    a string that contains the word): a byte search, far cheaper than looking at every value."""
+    return b"true" in body or b"false" in body
 
 
 def npy_inputs(data: bytes, model: ModelRecord, max_batch: int) -> np.ndarray:
@@ -149,8 +160,8 @@ def npz_inputs(data: bytes, model: ModelRecord, max_batch: int) -> np.ndarray:
     only array, or one named ``inputs``, whatever the input's name)."""
     specs = model.input_specs
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, OSError, ValueError) as error:
+        archive = open_zip(data, "the .npz body")
+    except UNREADABLE as error:
         raise InvalidInputError(f"body is not a readable .npz archive: {first_line(error)}") from error
     with archive:
         members = {
@@ -161,66 +172,37 @@ def npz_inputs(data: bytes, model: ModelRecord, max_batch: int) -> np.ndarray:
                 members = {specs[0].name: next(iter(members.values()))}
             elif "inputs" in members:
                 members[specs[0].name] = members.pop("inputs")
-        # An input's largest possible batch, as float64 or int64: a member the archive says is
-        # larger is refused before it is inflated (a small body can hold a huge compressed array).
-        limits = {spec.name: max_batch * 8 * math.prod(spec.shape) + ARRAY_FRAMING_BYTES for spec in specs}
+        unknown = sorted(set(members) - {spec.name for spec in specs})
+        if unknown:  # refused before any member is read
+            raise InvalidInputError(
+                f".npz holds {unknown}, which model {model.model_name!r} does not take; its inputs "
+                f"are {[s.name for s in specs]}",
+                expected=[s.name for s in specs],
+                got=sorted(members),
+            )
         arrays: dict[str, np.ndarray] = {}
-        for name, info in members.items():
-            limit = limits.get(name)
-            if limit is not None and info.file_size > limit:
-                raise InvalidInputError(
-                    f".npz array {name!r} is {info.file_size} bytes unpacked; a batch of at most "
-                    f"{max_batch} for input {name!r} is at most {limit}",
-                    limit=max_batch,
-                )
-            if limit is None:
-                continue  # not an input: refused below, without being read
-            try:
-                member = archive.read(info)  # at most ``limit`` bytes, checked above
-            except (OSError, EOFError, zipfile.BadZipFile, RuntimeError, ValueError) as error:
-                raise InvalidInputError(f".npz array {name!r} is unreadable: {first_line(error)}") from error
-            arrays[name] = read_npy(member, f".npz array {name!r}")
-        unknown = sorted(set(members) - set(arrays))
-    if unknown:
-        raise InvalidInputError(
-            f".npz holds {unknown}, which model {model.model_name!r} does not take; its inputs are "
-            f"{[s.name for s in specs]}",
-            expected=[s.name for s in specs],
-            got=sorted(members),
-        )
+        for spec in specs:
+            info = members.get(spec.name)
+            if info is None:
+                continue  # missing: check_batch says so, naming every input
+            # The input's largest possible batch: a member that the archive (or its .npy header)
+            # says is larger is refused before it is inflated (a small body can hold a huge
+            # compressed array).
+            limit = batch_bytes(spec, max_batch)
+            arrays[spec.name] = read_npz_member(
+                archive,
+                info,
+                limit,
+                f".npz array {spec.name!r}",
+                f"a batch of at most {max_batch} for input {spec.name!r} is at most {limit}",
+            )
     return check_batch(arrays, model, max_batch)
 
 
-def read_npy(data: bytes, what: str) -> np.ndarray:
-    """``.npy`` bytes as an array, never unpickled. The header's declared size is checked against
-    the bytes there are before anything is allocated: numpy allocates the whole declared array
-    first, so a 100-byte body declaring 10**12 elements would otherwise cost a huge allocation."""
-    stream = io.BytesIO(data)
-    try:
-        version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
-        elif version == (2, 0):
-            shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
-        else:
-            raise ValueError(
-                f".npy format version {version[0]}.{version[1]} is not supported; use 1.0 or 2.0"
-            )
-    except (ValueError, OSError, EOFError) as error:
-        raise InvalidInputError(f"{what} is not a readable .npy array: {first_line(error)}") from error
-    declared = math.prod(shape) * dtype.itemsize
-    available = len(data) - stream.tell()
-    if declared > available:
-        raise InvalidInputError(
-            f"{what} declares {declared} bytes of array data ({list(shape)} {dtype}); it holds {available}"
-        )
-    try:
-        loaded = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as error:
-        raise InvalidInputError(f"{what} is not a readable .npy array: {first_line(error)}") from error
-    if not isinstance(loaded, np.ndarray):
-        raise InvalidInputError(f"{what} holds no .npy array")
-    return loaded
+def batch_bytes(spec: TensorSpec, max_batch: int) -> int:
+    """The array data of the largest batch of ``spec`` a query may carry, at 8 bytes a value
+    (float64 or int64, the widest a caller sends): the most an array file for it may declare."""
+    return max_batch * 8 * math.prod(spec.shape)
 
 
 def image_inputs(data: bytes, model: ModelRecord, max_batch: int) -> np.ndarray:
@@ -370,8 +352,16 @@ def _check_integral(array: np.ndarray, target: np.dtype, label: str) -> None:
         )
 
 
-def _json_array(raw: Any, name: object, spec: TensorSpec | None = None) -> np.ndarray:
+def _json_array(
+    raw: Any, name: object, spec: TensorSpec | None = None, booleans_possible: bool = True
+) -> np.ndarray:
     label = "inputs" if name is None else f"input {name!r}"
+    if booleans_possible and _holds_boolean(raw):
+        # numpy reads true and false as 1 and 0, alone or among numbers: refused, as a string is.
+        raise InvalidInputError(
+            f"{label} must be numbers; got a JSON boolean (true/false), which is not a number",
+            field="inputs" if name is None else str(name),
+        )
     try:
         # No dtype forced here: strings must be refused, not silently parsed as numbers.
         return np.asarray(raw)
@@ -379,3 +369,20 @@ def _json_array(raw: Any, name: object, spec: TensorSpec | None = None) -> np.nd
         shape = "" if spec is None else ", ".join(map(str, spec.shape))
         wanted = f" of shape [{shape}] or [batch, {shape}]" if spec is not None else ""
         raise InvalidInputError(f"{label} must be a numeric array{wanted}: {first_line(error)}") from error
+
+
+def _holds_boolean(raw: Any) -> bool:
+    """Whether a JSON value (nested lists of numbers) holds ``true`` or ``false`` anywhere. One
+    list at a time: the types of a list's items are gathered by a C loop (``map(type, ...)``)."""
+    pending = [raw]
+    while pending:
+        value = pending.pop()
+        if type(value) is bool:
+            return True
+        if type(value) is list:
+            kinds = set(map(type, value))
+            if bool in kinds:
+                return True
+            if list in kinds:
+                pending.extend(item for item in value if type(item) is list)
+    return False

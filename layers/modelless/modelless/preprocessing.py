@@ -16,7 +16,6 @@ subtract ``mean`` and divide by ``std`` per channel; lay out as ``layout`` ([C, 
 from __future__ import annotations
 
 import io
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ IMAGE_FORMATS = ("PNG", "JPEG")
 # PNG that expands to gigabytes). 64 Mpx is far above any camera image a classifier is sent.
 MAX_IMAGE_PIXELS = 64_000_000
 MAX_SIDE = 8192  # a recipe's size or resize beyond this is a mistake, not a model
+MAX_RECIPE_NUMBER = 1e6  # a mean, std or scale beyond this (in either sign) is a mistake too
 
 
 def parse_recipe(raw: Mapping[str, Any], spec: TensorSpec) -> dict[str, Any]:
@@ -100,7 +100,9 @@ def parse_recipe(raw: Mapping[str, Any], spec: TensorSpec) -> dict[str, Any]:
         raise _invalid(f"std must be positive for every channel; got {std}")
     scale = raw.get("scale", 255)
     if not _is_number(scale) or scale <= 0:
-        raise _invalid(f"scale must be a positive number (e.g. 255); got {scale!r}")
+        raise _invalid(
+            f"scale must be a positive number up to {MAX_RECIPE_NUMBER:.0f} (e.g. 255); got {scale!r}"[:300]
+        )
     return {
         "kind": "image",
         "size": [height, width],
@@ -179,12 +181,20 @@ def _per_channel(value: Any, name: str, channels: int) -> list[float]:
         or len(value) != channels
         or not all(_is_number(v) for v in value)
     ):
-        raise _invalid(f"{name} must be {channels} finite number(s), one per channel; got {value!r}")
+        raise _invalid(
+            f"{name} must be {channels} finite number(s) within +-{MAX_RECIPE_NUMBER:.0f}, one per "
+            f"channel; got {value!r}"[:300]
+        )
     return [float(v) for v in value]
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A JSON number (not a boolean) a recipe may hold: finite and within +-MAX_RECIPE_NUMBER
+    (pixels are 0..255: past that a mean, std or scale is a mistake, and 10**400, an integer no
+    float holds, would overflow the arithmetic)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    return abs(value) <= MAX_RECIPE_NUMBER  # False for NaN; an integer is compared exactly
 
 
 def _is_int(value: Any) -> bool:

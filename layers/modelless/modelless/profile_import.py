@@ -18,10 +18,20 @@ from modelless.metadata.base import MetadataStore
 from modelless.pools.catalog import Placement, PoolKind, PoolSpec, lambda_threads
 from modelless.repository.base import ModelRepository
 from modelless.types import VariantProfile
+from modelless.validation import MAX_LATENCY_MS, MIN_LATENCY_MS
 from modelless.variant_profiling import model_prefix, variant_id
 from variants.recipes import ACCURACY_METRICS, Recipe
 
 REQUIRED = ("recipe", "pool", "latency_p50_ms", "latency_p99_ms", "load_latency_ms", "accuracy", "hardware")
+# What an imported profile may state: beyond these a number is a mistake (a unit slip, a typo),
+# and selection's and the scaler's arithmetic on it (rates, costs, budgets) would overflow or mislead.
+MAX_PROFILE_BATCH = 4096
+MIN_LAMBDA_MEMORY_MB = 128  # Lambda's own range of function memory
+MAX_LAMBDA_MEMORY_MB = 10_240
+MAX_THREADS = 256
+MAX_PEAK_MEMORY_MB = 1024 * 1024  # a TiB
+MAX_SATURATION_QPS = 1e10  # above any profile's batch / latency at these bounds (4096 / 1 us)
+MAX_ACCURACY_EXAMPLES = 10**9
 
 
 def import_profiles(
@@ -57,26 +67,33 @@ def _profile(
     entry: dict[str, Any],
 ) -> VariantProfile:
     where = f"profile {index}"
+    if not isinstance(entry, Mapping):
+        raise InvalidInputError(f"{where} must be a JSON object; got {type(entry).__name__}")
     missing = [name for name in REQUIRED if name not in entry]
     if missing:
         raise InvalidInputError(f"{where} lacks {missing}")
     try:
-        recipe = Recipe.parse(str(entry["recipe"]))
+        recipe = Recipe.parse(_text(entry["recipe"], f"{where}: recipe"))
     except ValueError as error:
         raise InvalidInputError(f"{where}: {error}") from error
-    pool = pools.get(str(entry["pool"]))
+    pool = pools.get(_text(entry["pool"], f"{where}: pool"))
     if pool is None:
         raise InvalidInputError(f"{where}: unknown pool {entry['pool']!r}; pools are {sorted(pools)}")
     key = f"{model_prefix(app_id, model_name)}variants/{recipe.name}.onnx"
     if not repository.exists(key):
         raise InvalidInputError(f"{where}: the model has no {recipe.name} artifact to serve")
-    memory_mb = _count(entry.get("memory_mb", 0), f"{where}: memory_mb")
+    memory_mb = _count(entry.get("memory_mb", 0), f"{where}: memory_mb", MAX_LAMBDA_MEMORY_MB)
     if pool.kind is PoolKind.LAMBDA:
         if memory_mb <= 0:
             raise InvalidInputError(f"{where}: a Lambda profile needs memory_mb")
+        if memory_mb < MIN_LAMBDA_MEMORY_MB:
+            raise InvalidInputError(
+                f"{where}: memory_mb must lie in [{MIN_LAMBDA_MEMORY_MB}, {MAX_LAMBDA_MEMORY_MB}] "
+                f"(Lambda's memory sizes); got {memory_mb}"
+            )
         threads = lambda_threads(memory_mb)
     else:
-        threads = _positive_int(entry.get("threads", 1), f"{where}: threads")
+        threads = _positive_int(entry.get("threads", 1), f"{where}: threads", MAX_THREADS)
     placement = Placement(pool, threads, memory_mb)
     p50 = _latency_table(entry["latency_p50_ms"], f"{where}: latency_p50_ms")
     p99 = _latency_table(entry["latency_p99_ms"], f"{where}: latency_p99_ms")
@@ -84,15 +101,17 @@ def _profile(
         raise InvalidInputError(f"{where}: p50 and p99 tables need the same batch sizes, batch 1 included")
     if any(p50[n] > p99[n] for n in p50):
         raise InvalidInputError(f"{where}: a median latency above its p99")
-    accuracy = _number(entry["accuracy"], f"{where}: accuracy")
-    if not 0 <= accuracy <= 1:
-        raise InvalidInputError(f"{where}: accuracy must lie in [0, 1]")
-    metric = str(entry.get("accuracy_metric", "top1"))
+    accuracy = _number(entry["accuracy"], f"{where}: accuracy", 0.0, 1.0)
+    metric = _text(entry.get("accuracy_metric", "top1"), f"{where}: accuracy_metric")
     if metric not in ACCURACY_METRICS:
         raise InvalidInputError(f"{where}: accuracy_metric must be one of {list(ACCURACY_METRICS)}")
     measured_saturation = max(batch * 1000 / p50[batch] for batch in p50)
-    saturation = _number(entry.get("saturation_qps", measured_saturation), f"{where}: saturation_qps")
-    best_batch = _count(entry.get("max_useful_batch", max(p50)), f"{where}: max_useful_batch")
+    saturation = _number(
+        entry.get("saturation_qps", measured_saturation), f"{where}: saturation_qps", 0.0, MAX_SATURATION_QPS
+    )
+    best_batch = _count(
+        entry.get("max_useful_batch", max(p50)), f"{where}: max_useful_batch", MAX_PROFILE_BATCH
+    )
     if best_batch not in p50:
         raise InvalidInputError(
             f"{where}: max_useful_batch must be one of the profiled batch sizes {sorted(p50)}"
@@ -107,43 +126,62 @@ def _profile(
         threads=threads,
         artifact_key=key,
         size_bytes=len(repository.get(key)),
-        load_latency_ms=_number(entry["load_latency_ms"], f"{where}: load_latency_ms"),
+        load_latency_ms=_number(entry["load_latency_ms"], f"{where}: load_latency_ms", 0.0, MAX_LATENCY_MS),
         latency_p50_ms=p50,
         latency_p99_ms=p99,
-        peak_memory_mb=_number(entry.get("peak_memory_mb", 0.0), f"{where}: peak_memory_mb"),
+        peak_memory_mb=_number(
+            entry.get("peak_memory_mb", 0.0), f"{where}: peak_memory_mb", 0.0, MAX_PEAK_MEMORY_MB
+        ),
         accuracy=accuracy,
         price_per_second=placement.price_per_second,
         request_price=pool.request_price,
-        hardware=str(entry["hardware"])[:200],
+        hardware=_text(entry["hardware"], f"{where}: hardware")[:200],
         measured_on_target=True,
         memory_mb=memory_mb,
         saturation_qps=round(saturation, 1),
         max_useful_batch=best_batch,
         accuracy_metric=metric,
-        accuracy_examples=_count(entry.get("accuracy_examples", 0), f"{where}: accuracy_examples"),
+        accuracy_examples=_count(
+            entry.get("accuracy_examples", 0), f"{where}: accuracy_examples", MAX_ACCURACY_EXAMPLES
+        ),
         imported=True,
     )
 
 
-def _number(value: Any, what: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise InvalidInputError(f"{what} must be a number; got {value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise InvalidInputError(f"{what} must be a finite, non-negative number; got {value!r}")
-    return number
-
-
-def _count(value: Any, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInputError(f"{what} must be a non-negative integer; got {value!r}")
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string; got {value!r}"[:300])
     return value
 
 
-def _positive_int(value: Any, what: str) -> int:
+def _number(value: Any, what: str, low: float, high: float) -> float:
+    """A JSON number (never a boolean nor a numeric string), finite, within [low, high]."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise InvalidInputError(f"{what} must be a number; got {value!r}"[:300])
+    try:
+        number = float(value)  # an integer past float's range raises here
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise InvalidInputError(f"{what} must be a finite number; got {_shown(value)}")
+    if not low <= number <= high:
+        raise InvalidInputError(f"{what} must lie in [{_shown(low)}, {_shown(high)}]; got {_shown(value)}")
+    return number
+
+
+def _count(value: Any, what: str, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInputError(f"{what} must be a non-negative integer; got {value!r}"[:300])
+    if value > high:
+        raise InvalidInputError(f"{what} must be at most {high}; got {_shown(value)}")
+    return value
+
+
+def _positive_int(value: Any, what: str, high: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise InvalidInputError(f"{what} must be a positive integer; got {value!r}")
+        raise InvalidInputError(f"{what} must be a positive integer; got {value!r}"[:300])
+    if value > high:
+        raise InvalidInputError(f"{what} must be at most {high}; got {_shown(value)}")
     return value
 
 
@@ -152,14 +190,25 @@ def _latency_table(raw: Any, what: str) -> dict[int, float]:
         raise InvalidInputError(f"{what} must map batch sizes to milliseconds")
     table: dict[int, float] = {}
     for batch, value in raw.items():
-        try:
-            size = int(batch)
-        except (TypeError, ValueError):
-            raise InvalidInputError(f"{what}: batch size {batch!r} is not an integer") from None
-        if size <= 0:
-            raise InvalidInputError(f"{what}: batch size {size} must be positive")
-        latency = _number(value, f"{what}[{size}]")
-        if latency <= 0:
-            raise InvalidInputError(f"{what}[{size}] must be positive")
-        table[size] = latency
+        size = _batch_size(batch, what)
+        table[size] = _number(value, f"{what}[{size}]", MIN_LATENCY_MS, MAX_LATENCY_MS)
     return table
+
+
+def _batch_size(raw: Any, what: str) -> int:
+    """A table's batch size: a JSON object's key, so digits in a string (an int from Python)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        size = raw
+    elif isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_PROFILE_BATCH)):
+        size = int(raw)
+    else:
+        raise InvalidInputError(f"{what}: batch size {raw!r} is not an integer"[:300])
+    if not 1 <= size <= MAX_PROFILE_BATCH:
+        raise InvalidInputError(f"{what}: batch size {_shown(size)} must lie in [1, {MAX_PROFILE_BATCH}]")
+    return size
+
+
+def _shown(value: float) -> str:
+    """A number as a message shows it: whole numbers without '.0', huge ones abbreviated."""
+    text = str(int(value)) if isinstance(value, int) or float(value).is_integer() else repr(value)
+    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} digits)"

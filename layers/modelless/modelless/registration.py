@@ -41,7 +41,7 @@ from modelless.metadata.base import MetadataStore
 from modelless.pools.catalog import PoolSpec
 from modelless.repository.base import ModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, TensorSpec
-from modelless.validation import ModelSignature, check_name
+from modelless.validation import ModelSignature, check_name, load_valset
 from modelless.variant_profiling import Profiler, build_and_profile, model_prefix
 from variants.recipes import ACCURACY_METRICS
 
@@ -150,6 +150,9 @@ class RegistrationService:
             settings.max_valset_bytes,
             variable_name(Settings, "max_model_bytes"),
             variable_name(Settings, "max_valset_bytes"),
+            settings.valset_unpacked_limit,
+            variable_name(Settings, "max_valset_unpacked_bytes"),
+            settings.max_ingest_memory_bytes,
         )
         with tempfile.TemporaryDirectory(prefix="modelless-ingest-") as tmp:
             work = Path(tmp)
@@ -257,13 +260,23 @@ class RegistrationService:
 
     def _test_run(self, model: ModelRecord, registration: Registration) -> bool:
         """The test run the gateway could not do (no onnxruntime there): batch 1 and batch 2 on
-        synthetic inputs. A model that does not run fails its registration at once, with the
-        gateway's message, and leaves no trace; True when it runs."""
+        the stored validation set's first examples. A model that does not run fails its
+        registration at once, with the gateway's message, and leaves no trace; True when it runs."""
         try:
             with tempfile.TemporaryDirectory(prefix="modelless-trial-") as tmp:
                 path = Path(tmp) / "source.onnx"
+                valset = Path(tmp) / "valset.npz"
                 self._repository.get_file(model.artifact_key, path)
-                trial_run(path, ModelSignature(tuple(model.input_specs), model.num_classes))
+                self._repository.get_file(f"{model_prefix(model.app_id, model.model_name)}valset.npz", valset)
+                signature = ModelSignature(tuple(model.input_specs), model.num_classes)
+                settings = self._settings
+                examples, _ = load_valset(
+                    valset,
+                    signature,
+                    settings.max_valset_bytes,
+                    max_unpacked_bytes=settings.valset_unpacked_limit,
+                )
+                trial_run(path, signature, examples)
         except Exception as error:
             logger.warning("registered model does not run", extra={"model": model.model_name})
             self._undo(model)

@@ -306,8 +306,10 @@ class OfflineJob:
     pause_reason: str = ""
     runs: int = 0  # how many times a runner took the job up (1 + resumes)
     active_s: float = 0.0  # seconds spent running (paused time excluded), over all runs
-    heartbeat_at: float | None = None
+    heartbeat_at: float | None = None  # the runner's last sign of life (every second while it runs)
     summary_key: str | None = None  # s3:// URL of the summary object, once written
+    restarts: int = 0  # how often its runner died mid-run and was started again by its launcher
+    runner_failure: str = ""  # how its runner last died, and when (empty: it never did)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -5,16 +5,16 @@ Each failure is a 4xx domain error that says what was wrong; nothing here writes
 
 from __future__ import annotations
 
-import io
 import math
 import re
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from modelless.archives import UNREADABLE, open_zip, read_npz_member
+from modelless.config import VALSET_UNPACK_FACTOR
 from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError, first_line
 from modelless.tensors import from_feeds
 from modelless.types import TensorSpec
@@ -31,6 +31,11 @@ VALSET_INPUTS = "inputs"  # the validation set's member for a one-input model (o
 VALSET_LABELS = "labels"
 MAX_MODEL_SETTING = "MODELLESS_MAX_MODEL_BYTES"
 MAX_VALSET_SETTING = "MODELLESS_MAX_VALSET_BYTES"
+MAX_VALSET_UNPACKED_SETTING = "MODELLESS_MAX_VALSET_UNPACKED_BYTES"
+# Bounds on the numbers a caller states (query targets, imported profiles). Past them a number is
+# a mistake, and the arithmetic it feeds (budgets, rates, costs) would overflow or lose meaning.
+MAX_LATENCY_MS = 3_600_000.0  # an hour: no query waits longer, no variant takes longer to load
+MIN_LATENCY_MS = 0.001  # a microsecond: a profiled latency below it is a unit mistake
 
 
 def check_name(kind: str, value: str) -> str:
@@ -199,42 +204,68 @@ def valset_member(spec: TensorSpec, signature: ModelSignature) -> str:
 
 
 def load_valset(
-    source: bytes | Path, signature: ModelSignature, max_bytes: int, setting: str = MAX_VALSET_SETTING
+    source: bytes | Path,
+    signature: ModelSignature,
+    max_bytes: int,
+    setting: str = MAX_VALSET_SETTING,
+    max_unpacked_bytes: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A ``.npz`` with integer ``labels`` [N] and the model's inputs: ``inputs`` (or the input's
     own name) for a one-input model, one array per input name for several. Returns the batch
     (``modelless.tensors``: a plain array for one input, a structured one for several) and the
     labels."""
-    valset = read_valset(source, signature, max_bytes, setting)
+    valset = read_valset(source, signature, max_bytes, setting, max_unpacked_bytes)
     return valset.batch(signature), valset.labels
 
 
 def read_valset(
-    source: bytes | Path, signature: ModelSignature, max_bytes: int, setting: str = MAX_VALSET_SETTING
+    source: bytes | Path,
+    signature: ModelSignature,
+    max_bytes: int,
+    setting: str = MAX_VALSET_SETTING,
+    max_unpacked_bytes: int | None = None,
+    unpacked_setting: str = MAX_VALSET_UNPACKED_SETTING,
 ) -> ValidationSet:
+    """The validation set at ``source``, at most ``max_bytes`` as sent and ``max_unpacked_bytes``
+    (default: ``VALSET_UNPACK_FACTOR`` times ``max_bytes``) as its arrays unpack: what each member
+    declares is checked before it is inflated, and read through a bounded stream (413 naming
+    ``unpacked_setting`` beyond it)."""
     size = source.stat().st_size if isinstance(source, Path) else len(source)
     if size > max_bytes:
         raise too_large("validation set", max_bytes, setting, size)
+    unpacked_limit = VALSET_UNPACK_FACTOR * max_bytes if max_unpacked_bytes is None else max_unpacked_bytes
+
+    def unpacked_too_large(message: str) -> PayloadTooLargeError:
+        return PayloadTooLargeError(
+            f"{message} ({unpacked_setting})", limit=unpacked_limit, setting=unpacked_setting
+        )
+
     try:
-        loaded = np.load(source if isinstance(source, Path) else io.BytesIO(source), allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        with open_zip(source, "validation set", refuse=lambda message: InvalidModelError(message)) as archive:
+            infos = {
+                info.filename.removesuffix(".npy"): info for info in archive.infolist() if not info.is_dir()
+            }
+            members = _members(signature, list(infos))
+            left = unpacked_limit
+            loaded: dict[str, np.ndarray] = {}
+            for member in [*members.values(), VALSET_LABELS]:
+                loaded[member] = read_npz_member(
+                    archive,
+                    infos[member],
+                    left,
+                    f"validation array {member!r}",
+                    f"a validation set's arrays may unpack to at most {unpacked_limit} bytes in all",
+                    unpacked_too_large,
+                )
+                left -= loaded[member].nbytes
+    except InvalidInputError as error:
+        raise InvalidModelError(f"validation set is not a readable .npz archive: {error.message}") from error
+    except UNREADABLE as error:
         raise InvalidModelError(
-            f"validation set is not a readable .npz archive: {first_line(error)}"
+            f"validation set is not a readable .npz archive with {_wanted(signature)}: {first_line(error)}"
         ) from error
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise InvalidModelError(f"validation set must be an .npz archive with {_wanted(signature)}")
-    try:
-        with loaded as archive:
-            members = _members(signature, list(archive.files))
-            raw = {name: archive[member] for name, member in members.items()}
-            labels = archive[VALSET_LABELS]
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise InvalidModelError(
-            f"validation set is not a readable .npz archive: {first_line(error)}"
-        ) from error
-    # A member that is not .npy data comes back as raw bytes, not an array.
-    if not all(isinstance(a, np.ndarray) for a in [*raw.values(), labels]):
-        raise InvalidModelError(f"validation set members {sorted(members.values())} must be .npy arrays")
+    raw = {name: loaded[member] for name, member in members.items()}
+    labels = loaded[VALSET_LABELS]
     if labels.dtype.kind not in "iu":
         raise InvalidModelError(f"validation labels must be integers; got {labels.dtype}")
     several = len(signature.inputs) > 1
@@ -329,7 +360,12 @@ def _checked_input(array: np.ndarray, spec: TensorSpec, what: str, several: bool
 
 
 def check_targets(latency_ms: float | None, accuracy: float | None) -> None:
-    if latency_ms is not None and (not math.isfinite(latency_ms) or latency_ms <= 0):
-        raise InvalidInputError(f"latency must be a positive number of milliseconds; got {latency_ms}")
+    """A query's targets where no request schema checked them (an offline job's manifest)."""
+    if latency_ms is not None and (not math.isfinite(latency_ms) or not 0 < latency_ms <= MAX_LATENCY_MS):
+        raise InvalidInputError(
+            f"latency must be a positive number of milliseconds, at most {MAX_LATENCY_MS:.0f}; "
+            f"got {latency_ms}",
+            field="latency",
+        )
     if accuracy is not None and (not math.isfinite(accuracy) or not 0.0 <= accuracy <= 1.0):
-        raise InvalidInputError(f"accuracy must lie in [0, 1]; got {accuracy}")
+        raise InvalidInputError(f"accuracy must lie in [0, 1]; got {accuracy}", field="accuracy")

@@ -1,9 +1,19 @@
-"""The FastAPI application: routers, correlation ids, size limits and error mapping."""
+"""The FastAPI application: routers, correlation ids, size limits and error mapping.
+
+Every error reply has one shape, ``{"error": {"code", "message", "details"?}}``: domain errors
+with their own status, the framework's (unknown route, malformed body) as 4xx, and anything
+unexpected as a 503 ``store_unavailable`` (the metadata store did not answer) or a 500
+``internal_error``; every 503 carries ``Retry-After``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import uuid
+from collections.abc import AsyncIterator
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -13,10 +23,23 @@ from modelless import __version__
 from modelless.api.limits import ASGIApp, BodyLimitMiddleware, Message, Receive, Scope, Send
 from modelless.api.routers import apps, models, offline, operations, queries
 from modelless.api.services import Services
-from modelless.exceptions import ModellessError
+from modelless.exceptions import ModellessError, ServiceUnavailableError, StoreUnavailableError, first_line
+from modelless.metadata.redis import UNREACHABLE_ERRORS
 from modelless.observability import logger
 
 CORRELATION_HEADER = "X-Correlation-Id"
+
+
+# Threads the gateway's blocking work runs on (anyio's pool; 40 by default). A query holds one
+# while its worker computes, up to its deadline: with a worker hung, 40 would be taken in a second
+# of load and every query behind them would wait for a thread. They mostly wait on sockets.
+GATEWAY_THREADS = 256
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(_: FastAPI) -> AsyncIterator[None]:
+    anyio.to_thread.current_default_thread_limiter().total_tokens = GATEWAY_THREADS
+    yield
 
 
 def create_app(services: Services) -> FastAPI:
@@ -24,6 +47,7 @@ def create_app(services: Services) -> FastAPI:
         title="modelless",
         version=__version__,
         description="Model-less inference: register models, query by latency and accuracy targets.",
+        lifespan=_lifespan,
     )
     app.state.services = services
     for router in (apps.router, models.router, queries.router, offline.router, operations.router):
@@ -34,7 +58,8 @@ def create_app(services: Services) -> FastAPI:
         limit_for_path=lambda path: _body_limit(services, path),
         setting_for_path=lambda path: _body_limit_setting(services, path),
     )
-    app.add_middleware(CorrelationMiddleware)
+    app.add_middleware(UnexpectedErrorMiddleware)
+    app.add_middleware(CorrelationMiddleware)  # outermost: error replies carry the id too
 
     @app.exception_handler(ModellessError)
     async def domain_error(_: Request, error: ModellessError) -> JSONResponse:
@@ -102,6 +127,59 @@ class CorrelationMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+class UnexpectedErrorMiddleware:
+    """An exception no handler answered becomes a reply in the API's error shape: a redis-py
+    error meaning the store is unreachable (raised outside the store's own translation) a 503
+    ``store_unavailable``, anything else a 500 ``internal_error``, logged with its traceback.
+
+    Not ``@app.exception_handler(Exception)``: Starlette runs that one in its outermost
+    ServerErrorMiddleware, which sends the reply and then raises the exception again, after which
+    uvicorn logs it a second time and closes the connection. Here the reply is the end of it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_noting_start(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_start)
+        except Exception as error:
+            if started:
+                raise  # part of a reply went out: nothing else can be said on this connection
+            await _unexpected_error_response(error, scope)(scope, receive, send)
+
+
+def _unexpected_error_response(error: Exception, scope: Scope) -> JSONResponse:
+    if isinstance(error, UNREACHABLE_ERRORS):
+        message = f"the metadata store does not answer ({first_line(error)}); try again shortly"
+        return _error_response(StoreUnavailableError(message))
+    correlation_id = scope.get("state", {}).get("correlation_id", "")
+    logger.error(
+        "unexpected error",
+        exc_info=error,
+        extra={"path": scope.get("path", ""), "error_type": type(error).__name__},
+    )
+    return JSONResponse(
+        status_code=500,
+        content={
+            "error": {
+                "code": "internal_error",
+                "message": f"an unexpected error ({type(error).__name__}) ended this request; it is "
+                f"logged under correlation id {correlation_id}",
+            }
+        },
+    )
+
+
 def _body_limit(services: Services, path: str) -> int:
     settings = services.settings
     return settings.register_body_limit if path.endswith("/register_model") else settings.max_query_bytes
@@ -115,4 +193,8 @@ def _body_limit_setting(services: Services, path: str) -> str | None:
 
 
 def _error_response(error: ModellessError) -> JSONResponse:
-    return JSONResponse(status_code=error.status_code, content={"error": error.to_dict()})
+    headers = None
+    if isinstance(error, ServiceUnavailableError):
+        retry_after_s = float(error.details.get("retry_after_s", error.retry_after_s))
+        headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
+    return JSONResponse(status_code=error.status_code, content={"error": error.to_dict()}, headers=headers)

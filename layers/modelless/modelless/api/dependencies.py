@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from modelless.api.services import Services
-from modelless.auth import app_for_key, check_admin
+from modelless.auth import check_admin
 
 
 # The dependencies that only read the request are ``async``: FastAPI runs a plain ``def``
@@ -36,7 +36,7 @@ KeyDep = Annotated[str | None, Depends(presented_key)]
 
 def caller_app(services: ServicesDep, key: KeyDep) -> str:
     """The app the caller's key belongs to."""
-    return app_for_key(services.store, key)
+    return services.keys.app_for_key(key)
 
 
 def require_admin(services: ServicesDep, key: KeyDep) -> None:

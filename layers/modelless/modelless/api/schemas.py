@@ -2,9 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from modelless.validation import MAX_LATENCY_MS
+
+# The targets a query states. Strict: a JSON number only, never a boolean or a numeric string
+# (``"latency": true`` or ``"50"`` is a 400 naming the field, not 1.0 or 50.0); finite; within
+# bounds past which a budget means nothing and the arithmetic it feeds overflows (1e308 ms).
+LatencyMs = Annotated[
+    float,
+    Field(
+        strict=True,
+        allow_inf_nan=False,
+        gt=0,
+        le=MAX_LATENCY_MS,
+        description=f"latency budget in milliseconds, over 0 and at most {MAX_LATENCY_MS:.0f} (an hour)",
+    ),
+]
+Accuracy = Annotated[
+    float,
+    Field(strict=True, allow_inf_nan=False, ge=0, le=1, description="minimum top-1 accuracy in [0, 1]"),
+]
+# A number as JSON writes one: what a query string's value must look like to be read as a number.
+NUMBER_TEXT = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+def number_text(value: object) -> object:
+    """A number in a query string, where every value is text, read only when it is written as JSON
+    writes a number (``50``, ``0.9``, ``1e3``): ``true``, ``nan``, ``inf``, ``0x10`` or `` 5`` are
+    refused, never coerced. What it reads is then held to the field's own bounds (``1e999`` is
+    infinite: refused there)."""
+    if isinstance(value, str):
+        if not NUMBER_TEXT.fullmatch(value):
+            raise ValueError(f"must be a number such as 50 or 0.9, got {value[:40]!r}")
+        return float(value)
+    return value
+
+
+QueryLatencyMs = Annotated[LatencyMs, BeforeValidator(number_text)]
+QueryAccuracy = Annotated[Accuracy, BeforeValidator(number_text)]
 
 
 class CreateApp(BaseModel):
@@ -28,8 +67,8 @@ class OnlineQuery(BaseModel):
         "inputs, an object of them by input name ({name: [n, *shape]}). Binary bodies (.npy, .npz, "
         "images) carry the inputs alone: see the endpoint's description"
     )
-    latency: float | None = Field(default=None, description="latency budget in milliseconds")
-    accuracy: float | None = Field(default=None, description="minimum top-1 accuracy in [0, 1]")
+    latency: LatencyMs | None = None
+    accuracy: Accuracy | None = None
     modelName: str | None = Field(default=None, description="name the model instead of targets")
 
 
@@ -112,7 +151,7 @@ class OfflineQuery(BaseModel):
     appID: str
     inputPath: str = Field(description="s3://bucket/prefix: every object under it is an input")
     outputPath: str = Field(description="s3://bucket/prefix: results and the summary go here")
-    accuracy: float | None = Field(default=None, description="minimum accuracy in [0, 1]")
+    accuracy: Accuracy | None = None
     modelName: str | None = Field(default=None, description="name the model instead of an accuracy")
 
 
@@ -136,6 +175,15 @@ class JobReply(BaseModel):
     message: str
     source: str
     runs: int
+    health: str = Field(
+        description='"ok", or "stalled": running, but its runner has shown no life for heartbeatAgeS '
+        "seconds (dead, hung or cut off); message then says when the job resumes by itself"
+    )
+    heartbeatAgeS: float | None = Field(
+        description="seconds since its runner's last heartbeat (running jobs only)"
+    )
+    restarts: int = Field(description="how often its runner died mid-run and was started again")
+    lastRunnerFailure: str | None = Field(description="how its runner last died, and when")
     createdAt: float
     startedAt: float | None
     finishedAt: float | None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from modelless.auth import ApiKeys
 from modelless.config import Settings, get_settings
 from modelless.dispatch import Dispatcher
 from modelless.metadata import MetadataStore, open_metadata_store
@@ -26,6 +27,10 @@ class Services:
     registrar: RegistrationService
     pools: Mapping[str, PoolSpec]
     offline: OfflineService | None = None  # offline jobs (DESIGN §6)
+    keys: ApiKeys = field(init=False)  # callers' API keys, looked up in the store
+
+    def __post_init__(self) -> None:
+        self.keys = ApiKeys(self.store, self.settings.stale_cache_max_age_s, self.settings.metadata_epoch)
 
     def close(self) -> None:
         if self.offline is not None:

@@ -153,7 +153,10 @@ class Attempts:
                     raise  # selection found no room anywhere else: there is nowhere to retry
                 failures.append(f"{_where(decision)} failed: {error.message}")
                 if on_lambda_tier(decision):
-                    lambda_tried = True
+                    # A container that died or hung under the query is not the tier: another
+                    # container may serve it (MAX_ATTEMPTS bounds how often). A tier that said
+                    # no (at its limit, out of time) would say it again.
+                    lambda_tried = lambda_tried or not isinstance(error, WorkerUnreachableError)
                 else:
                     worker = decision.worker_id or str(decision.worker_address)
                     failed_workers.add(worker)

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from modelless.config import get_settings
+from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.base import MetadataStore
 from modelless.monitoring import OVERLOADED_QUEUE, saturated_queue
 from modelless.types import InstanceState, InstanceStats, WorkerState
@@ -61,11 +63,17 @@ class LiveView:
         store: MetadataStore,
         ttl_s: float = LIVE_STATE_TTL_S,
         extra_workers: Callable[[], list[WorkerState]] | None = None,
+        stale_max_age_s: float | None = None,
     ) -> None:
         """``extra_workers``: state not kept in the store, e.g. the local Lambda tier's warm
-        containers, read on every decision."""
+        containers, read on every decision. ``stale_max_age_s``: how old a snapshot may be to
+        stand in for the store while it is unreachable (``Settings.stale_cache_max_age_s``
+        unless given)."""
         self._store = store
         self._ttl_s = ttl_s
+        self._stale_max_age_s = (
+            get_settings().stale_cache_max_age_s if stale_max_age_s is None else stale_max_age_s
+        )
         self._extra_workers = extra_workers
         self._snapshots: dict[str, _Snapshot] = {}  # app -> its last read of the live state
         # One lock over this gateway's own state laid over the reports.
@@ -79,12 +87,19 @@ class LiveView:
         """What a decision sees: the app's profiles version and the workers, from a snapshot at
         most ``ttl_s`` old (one store round trip when it is older, or on ``refresh``) with this
         gateway's overlays and without the workers on hold; and whether this call read the
-        store."""
+        store (or tried to: while the store is unreachable, the last snapshot stands in for it
+        up to ``stale_max_age_s`` old, and nothing fresher is to be had)."""
         now = time.monotonic()
         state = self._snapshots.get(app_id)
         fresh = refresh or state is None or now - state.read_at >= self._ttl_s
         if fresh or state is None:
-            version, reported = self._store.selection_state(app_id)
+            try:
+                version, reported = self._store.selection_state(app_id)
+            except StoreUnavailableError:
+                if state is None or now - state.read_at > self._stale_max_age_s:
+                    raise
+                # The workers keep serving while the store is down: decide on their last reports.
+                return state.version, self._overlay(state.workers), True
             state = self._snapshots[app_id] = _Snapshot(now, version, reported)
         return state.version, self._overlay(state.workers), fresh
 

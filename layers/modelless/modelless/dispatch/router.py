@@ -21,7 +21,7 @@ from aws_lambda_powertools import Logger
 from modelless.dispatch.attempts import MAX_INVOKE_TIMEOUT_S, Attempts
 from modelless.dispatch.live_view import LIVE_STATE_TTL_S, LiveView
 from modelless.dispatch.profiles import ProfileCache
-from modelless.exceptions import NotFoundError, NotReadyError, TargetsUnreachableError
+from modelless.exceptions import NotFoundError, NotReadyError, StoreUnavailableError, TargetsUnreachableError
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
 from modelless.query_load import QueryLoadCounter, group_of
@@ -188,18 +188,21 @@ class Dispatcher:
         inputs: np.ndarray,
         correlation_id: str = "",
         decode_ms: float | None = None,
+        received: float | None = None,
     ) -> QueryResult:
-        """Serve one query. ``decode_ms``: what the caller spent reading and decoding the query's
-        body into ``inputs`` (the gateway's route): reported as ``decode_ms`` and counted in
-        ``total_ms``, which then covers the query from its first byte read to its answer."""
+        """Serve one query. ``received``: when the gateway received it (``time.perf_counter()``),
+        where its clock starts — its budget and its deadline count the time spent reading,
+        decoding and waiting for a thread too; now when not given. ``decode_ms``: what the caller
+        spent reading and decoding the query's body into ``inputs``, reported as ``decode_ms``;
+        ``total_ms`` covers the query from ``received`` to its answer."""
         query_id = correlation_id or uuid.uuid4().hex
-        started = time.perf_counter()
+        selecting = time.perf_counter()
+        started = selecting if received is None else received
         decision = self.select(targets)
         selected = time.perf_counter()
         self._count_query(targets)
         body, served = self.attempts.serve(targets, inputs, query_id, decision, started)
         finished = time.perf_counter()
-        total_ms = (finished - started) * 1000
         compute_ms = (
             float(body["queue_ms"])
             + float(body["inference_ms"])
@@ -207,16 +210,18 @@ class Dispatcher:
             + float(body.get("init_ms", 0.0))
         )
         timings = {
-            "selection_ms": (selected - started) * 1000,
+            "selection_ms": (selected - selecting) * 1000,
             "queue_ms": float(body["queue_ms"]),
             "load_ms": float(body["load_ms"]),
             "cold_start_ms": float(body.get("init_ms", 0.0)),
             "inference_ms": float(body["inference_ms"]),
             "transport_ms": max(0.0, (finished - selected) * 1000 - compute_ms),
-            "total_ms": total_ms,
+            "total_ms": (finished - started) * 1000,
         }
         if decode_ms is not None:
-            timings = {"decode_ms": decode_ms, **timings, "total_ms": total_ms + decode_ms}
+            timings = {"decode_ms": decode_ms, **timings}
+            if received is None:  # the caller decoded before our clock started: count it too
+                timings["total_ms"] += decode_ms
         return QueryResult(
             outputs=outputs_of(body),
             decision=served,
@@ -236,5 +241,7 @@ class Dispatcher:
         if self._query_load.due(now):
             try:
                 self._store.add_load(self._query_load.take(now), int(now))
+            except StoreUnavailableError as error:  # the store logs the outage itself, once
+                logger.debug("query load not recorded", extra={"error": error.message})
             except Exception:  # query-load accounting must never fail a query
                 logger.exception("could not record query load")

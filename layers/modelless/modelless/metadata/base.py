@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from modelless.types import ModelRecord, OfflineJob, Registration, VariantProfile, WorkerState
 
 # A worker whose last report is older than this is treated as gone: selection never routes to it.
-WORKER_STALE_AFTER_S = 10.0
+# Workers report every second: this is two reports missed, so that a worker whose process died or
+# froze without anyone watching it (an EC2 instance lost whole) leaves every gateway's selection
+# within 3 s, while a report a busy machine delayed by a second does not drop a healthy worker.
+# Where its processes are watched (the embedded stack's pool) a dead or hung worker goes sooner
+# (``modelless.pools.health``), and a gateway whose query a worker failed holds it out at once.
+WORKER_STALE_AFTER_S = 3.0
 # Per-second load counts are kept this long: the scaler looks back a minute at most.
 LOAD_RETENTION_S = 120
 
@@ -19,6 +26,25 @@ class JobSave(StrEnum):
     SAVED = "saved"
     NOT_HOLDER = "not-holder"  # the runner's lease expired (another runner may hold the job now)
     NEW_INPUTS = "new-inputs"  # "completed", but inputs were added since (a watch's job): not written
+
+
+@dataclass(frozen=True)
+class IdempotentRequest:
+    """What the store keeps for one ``Idempotency-Key`` of an app (``MetadataStore.claim_request``):
+    the fingerprint of the request that first used it, the token of the claim that runs it, and
+    its reply (JSON) once it has one (None while it runs)."""
+
+    fingerprint: str
+    claim: str
+    reply: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)  # one spelling: compared as text in Redis
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> IdempotentRequest:
+        data = json.loads(raw)
+        return cls(str(data["fingerprint"]), str(data["claim"]), data.get("reply"))
 
 
 class OfflineJobStore(Protocol):
@@ -94,6 +120,9 @@ class OfflineJobStore(Protocol):
 
     def job_lease_holder(self, job_id: str) -> str | None: ...
 
+    def job_lease_expires_in_s(self, job_id: str) -> float | None:
+        """Seconds until the job's lease expires unless renewed; None when nobody holds it."""
+
     def expire_job_progress(self, job_id: str, after_s: float) -> None:
         """Let a finished job's per-input sets go after ``after_s`` (its record says the totals)."""
 
@@ -165,6 +194,10 @@ class MetadataStore(OfflineJobStore, Protocol):
     def list_workers(self, pool: str | None = None) -> list[WorkerState]:
         """Workers that reported within WORKER_STALE_AFTER_S, least utilised first."""
 
+    def list_worker_reports(self, pool: str | None = None) -> list[WorkerState]:
+        """Every worker's last report, stale ones too (until ``remove_worker``): how a pool provider
+        tells a worker that went silent from one still booting, which never reported."""
+
     def selection_state(self, app_id: str) -> tuple[int, list[WorkerState]]:
         """What a selection reads on its critical path, in one round trip: the app's profiles
         version (to revalidate the gateway's profile cache) and the live workers."""
@@ -178,6 +211,36 @@ class MetadataStore(OfflineJobStore, Protocol):
         """Drop the lease if ``owner`` holds it."""
 
     def scaler_lease_holder(self) -> str | None: ...
+
+    # --- idempotency keys: a retried request gets its first reply, and nothing runs twice -------
+    def claim_request(
+        self, app_id: str, operation: str, key: str, pending: IdempotentRequest, ttl_s: float
+    ) -> IdempotentRequest | None:
+        """Take ``key`` (the app's, for ``operation``) for a request about to run, atomically,
+        writing ``pending`` (no reply) for ``ttl_s``: None when this call took it (the caller runs
+        the request, then ``complete_request`` or ``release_request``); else the record that
+        holds it, left as it is: another request's, still running (no reply) or done."""
+
+    def complete_request(
+        self, app_id: str, operation: str, key: str, done: IdempotentRequest, ttl_s: float
+    ) -> None:
+        """Record the reply of the request that took ``key`` (``done``), kept ``ttl_s``."""
+
+    def release_request(self, app_id: str, operation: str, key: str, pending: IdempotentRequest) -> None:
+        """Give ``key`` up while it holds ``pending`` (its request failed and changed nothing: a
+        retry may run); a record written by another claim, or a reply, is left as it is."""
+
+    # --- the store itself: readiness, and the marker that tells an emptied store ----------------
+    kind: ClassVar[str]  # "redis", "memory": what /health/ready reports
+
+    def ping(self) -> None:
+        """Return once the store answers; StoreUnavailableError when it does not."""
+
+    def epoch(self) -> str | None:
+        """The marker ``set_epoch`` wrote; None in a new store, or one emptied since."""
+
+    def set_epoch(self, epoch: str) -> str:
+        """Write the marker unless the store holds one; return the one it holds (atomically)."""
 
     def close(self) -> None: ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 
@@ -49,6 +50,11 @@ class KeySpace:
         """Hash: worker id -> its last state report (JSON)."""
         return f"{self.prefix}workers"
 
+    def epoch(self) -> str:
+        """String: the marker an embedded stack writes once into a new store; a store without it
+        was emptied since (``MetadataStore.epoch``)."""
+        return f"{self.prefix}epoch"
+
     def scaler_lease(self) -> str:
         """String with a TTL: the scheduled scaler invocation that ticks now (one at a time)."""
         return f"{self.prefix}scaler-lease"
@@ -89,6 +95,13 @@ class KeySpace:
     def job_lease(self, job_id: str) -> str:
         """String with a TTL: the id of the runner that holds the job."""
         return f"{self.prefix}job-lease:{job_id}"
+
+    def request_key(self, app_id: str, operation: str, key: str) -> str:
+        """String with a TTL: an app's Idempotency-Key for one operation (register_model,
+        offline_query) and what it did (``IdempotentRequest``). The caller's key is hashed: any
+        text a client chose, kept to one short, safe name."""
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        return f"{self.prefix}request-key:{app_id}:{operation}:{digest}"
 
     def idempotency(self, name: str) -> str:
         """Prefix of Powertools' idempotency records for one handler."""

@@ -5,15 +5,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 from modelless.exceptions import ConflictError
-from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S, JobSave
+from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S, IdempotentRequest, JobSave
 from modelless.types import JobStatus, ModelRecord, OfflineJob, Registration, VariantProfile, WorkerState
 
 
 class InMemoryMetadataStore:
+    kind: ClassVar[str] = "memory"
+
     def __init__(self, lease_clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
+        self._epoch: str | None = None
         self._lease_clock = lease_clock  # leases (offline jobs', the scaler's) expire on it
         self._apps: dict[str, str] = {}
         self._keys: dict[str, str] = {}
@@ -31,6 +35,8 @@ class InMemoryMetadataStore:
         self._job_errors: dict[str, dict[str, str]] = {}
         self._leases: dict[str, tuple[str, float]] = {}  # job -> (owner, expiry on the lease clock)
         self._scaler_lease: dict[str, tuple[str, float]] = {}  # the scaler's lease, as a job's
+        # Idempotency keys: (app, operation, key) -> (record, expiry on the lease clock).
+        self._request_keys: dict[tuple[str, str, str], tuple[IdempotentRequest, float]] = {}
 
     def create_app(self, app_id: str, key_hash: str) -> None:
         with self._lock:
@@ -150,12 +156,12 @@ class InMemoryMetadataStore:
 
     def list_workers(self, pool: str | None = None) -> list[WorkerState]:
         fresh_after = time.time() - WORKER_STALE_AFTER_S
-        live = [
-            w
-            for w in self._workers.values()
-            if w.reported_at >= fresh_after and (pool is None or w.pool == pool)
-        ]
+        live = [w for w in self.list_worker_reports(pool) if w.reported_at >= fresh_after]
         return sorted(live, key=lambda w: (w.utilisation, w.worker_id))
+
+    def list_worker_reports(self, pool: str | None = None) -> list[WorkerState]:
+        with self._lock:
+            return [w for w in self._workers.values() if pool is None or w.pool == pool]
 
     # --- offline jobs ---------------------------------------------------------------------------
     def set_offline_buckets(self, app_id: str, buckets: list[str]) -> None:
@@ -285,6 +291,11 @@ class InMemoryMetadataStore:
     def job_lease_holder(self, job_id: str) -> str | None:
         return self._lease_holder(self._leases, job_id)
 
+    def job_lease_expires_in_s(self, job_id: str) -> float | None:
+        held = self._leases.get(job_id)
+        left = held[1] - self._lease_clock() if held is not None else 0.0
+        return left if left > 0 else None
+
     def _lease_holder(self, leases: dict[str, tuple[str, float]], name: str) -> str | None:
         held = leases.get(name)
         return held[0] if held is not None and held[1] > self._lease_clock() else None
@@ -301,6 +312,44 @@ class InMemoryMetadataStore:
     def expire_job_progress(self, job_id: str, after_s: float) -> None:
         # Nothing outlives the process here; the sets stay for as long as it runs.
         pass
+
+    # --- idempotency keys ------------------------------------------------------------------------
+    def claim_request(
+        self, app_id: str, operation: str, key: str, pending: IdempotentRequest, ttl_s: float
+    ) -> IdempotentRequest | None:
+        now = self._lease_clock()
+        with self._lock:
+            held = self._request_keys.get((app_id, operation, key))
+            if held is not None and held[1] > now:
+                return held[0]
+            self._request_keys[(app_id, operation, key)] = (pending, now + ttl_s)
+            for name in [k for k, (_, expiry) in self._request_keys.items() if expiry <= now]:
+                del self._request_keys[name]  # expired ones go, as Redis lets them
+            return None
+
+    def complete_request(
+        self, app_id: str, operation: str, key: str, done: IdempotentRequest, ttl_s: float
+    ) -> None:
+        with self._lock:
+            self._request_keys[(app_id, operation, key)] = (done, self._lease_clock() + ttl_s)
+
+    def release_request(self, app_id: str, operation: str, key: str, pending: IdempotentRequest) -> None:
+        with self._lock:
+            held = self._request_keys.get((app_id, operation, key))
+            if held is not None and held[0] == pending:
+                del self._request_keys[(app_id, operation, key)]
+
+    def ping(self) -> None:
+        pass  # in this process: always answers
+
+    def epoch(self) -> str | None:
+        return self._epoch
+
+    def set_epoch(self, epoch: str) -> str:
+        with self._lock:
+            if self._epoch is None:
+                self._epoch = epoch
+            return self._epoch
 
     def close(self) -> None:
         pass

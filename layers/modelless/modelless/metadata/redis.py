@@ -1,27 +1,140 @@
 """Redis metadata store: hashes for profiles, sorted sets for the accuracy/latency/load indexes.
 
 Multi-key writes go through MULTI/EXEC pipelines so that a reader never sees half a model.
+
+An unreachable Redis (refused, timed out, still loading its data) surfaces from every method as
+the domain's ``StoreUnavailableError`` (a 503 with ``Retry-After``), never as a redis-py error,
+and within ``Settings.metadata_timeout_s``: after the first such failure the store counts as
+down and calls fail at once until a background probe finds it answering again (``_Outage``),
+so that a stopped Redis costs each query nothing rather than a socket timeout.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+import threading
 import time
 import uuid
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import redis
+from aws_lambda_powertools import Logger
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from modelless.exceptions import ConflictError
-from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S, JobSave
+from modelless.config import get_settings
+from modelless.exceptions import ConflictError, StoreUnavailableError, first_line
+from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S, IdempotentRequest, JobSave
 from modelless.metadata.keys import KeySpace
 from modelless.types import JobStatus, ModelRecord, OfflineJob, Registration, VariantProfile, WorkerState
 
+logger = Logger(service="metadata")
 
+# What redis-py raises when the server cannot be reached or does not answer in time (a server
+# still loading its data raises BusyLoadingError, a ConnectionError): an outage, not a bad command.
+UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.TimeoutError)
+# While the store is down, a background probe pings it this often; its first answer ends the outage.
+OUTAGE_PROBE_PERIOD_S = 0.5
+
+T = TypeVar("T")
+
+
+class _Outage:
+    """One store client's view of an outage. The first call that finds Redis unreachable starts
+    it; while it lasts, calls fail at once, and one probe thread pings Redis every
+    OUTAGE_PROBE_PERIOD_S until it answers. One warning when it starts, one line when it ends:
+    a worker reporting every second through a long outage does not fill its log."""
+
+    def __init__(self, client: redis.Redis, where: str) -> None:  # type: ignore[type-arg]
+        self._client = client
+        self.where = where
+        self._lock = threading.Lock()
+        self._since: float | None = None  # monotonic; None: the store answers
+        self._cause = ""
+        self._closed = threading.Event()
+
+    def check(self) -> None:
+        """Fail at once while the store is known to be down."""
+        since = self._since
+        if since is not None:
+            raise self._error(time.monotonic() - since)
+
+    def began(self, error: Exception) -> StoreUnavailableError:
+        """``error`` (one of UNREACHABLE_ERRORS) ended a call: the outage starts, unless it had."""
+        with self._lock:
+            starting = self._since is None
+            if starting:
+                self._since = time.monotonic()
+                self._cause = first_line(error)
+        if starting:
+            logger.warning(
+                "metadata store unreachable: calls fail at once until it answers again",
+                extra={"store": self.where, "error": self._cause},
+            )
+            threading.Thread(target=self._probe, name="metadata-probe", daemon=True).start()
+        return self._error(0.0)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _probe(self) -> None:
+        while not self._closed.wait(OUTAGE_PROBE_PERIOD_S):
+            try:
+                self._client.ping()
+            except UNREACHABLE_ERRORS:
+                continue
+            except redis.RedisError:
+                pass  # it answered, if only to refuse: reachable again
+            with self._lock:
+                since, self._since = self._since, None
+            logger.warning(
+                "metadata store answers again",
+                extra={"store": self.where, "outage_s": round(time.monotonic() - (since or 0.0), 1)},
+            )
+            return
+
+    def _error(self, for_s: float) -> StoreUnavailableError:
+        return StoreUnavailableError(
+            f"the metadata store ({self.where}) does not answer ({self._cause}); try again shortly",
+            address=self.where,
+            down_for_s=round(for_s, 1),
+        )
+
+
+def _translating_outages(cls: type[T]) -> type[T]:
+    """Every public method of ``cls`` raises StoreUnavailableError, not redis-py's errors, when
+    Redis cannot be reached, and fails at once during a known outage (``_Outage``). Applied to the
+    class as a whole so that methods added later are covered too."""
+    for name, member in list(vars(cls).items()):
+        if not name.startswith("_") and name != "close" and inspect.isfunction(member):
+            setattr(cls, name, _translated(member))
+    return cls
+
+
+def _translated(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: RedisMetadataStore, *args: Any, **kwargs: Any) -> Any:
+        self._outage.check()
+        try:
+            return method(self, *args, **kwargs)
+        except UNREACHABLE_ERRORS as error:
+            raise self._outage.began(error) from error
+
+    return call
+
+
+@_translating_outages
 class RedisMetadataStore:
+    kind: ClassVar[str] = "redis"
+
     def __init__(self, client: redis.Redis, keys: KeySpace | None = None) -> None:  # type: ignore[type-arg]
         self._redis = client
         self.keys = keys or KeySpace()
+        self._outage = _Outage(client, _where(client))
         # Parsed records by the bytes they were parsed from, so that bytes read again unchanged
         # are not parsed again: the workers' reports as last read (workers report every second,
         # selection reads more often), and each app's profiles as last listed whole (a gateway
@@ -32,13 +145,42 @@ class RedisMetadataStore:
 
     @classmethod
     def from_url(cls, url: str) -> RedisMetadataStore:
-        """``redis://host:port/db?prefix=name:`` — the prefix namespaces every key."""
+        """``redis://host:port/db?prefix=name:`` (or ``unix:///path.sock?db=0&prefix=name:``) —
+        the prefix namespaces every key. Timeouts: ``Settings.metadata_timeout_s`` and
+        ``metadata_connect_timeout_s`` (``socket_timeout``/``socket_connect_timeout`` in the URL
+        win)."""
         parts = urlsplit(url)
         query = parse_qs(parts.query)
         prefix = query.pop("prefix", ["modelless:"])[0]
         remaining = "&".join(f"{k}={v[0]}" for k, v in query.items())
-        client_url = urlunsplit((parts.scheme, parts.netloc, parts.path, remaining, ""))
-        return cls(redis.Redis.from_url(client_url), KeySpace(prefix))
+        # Not urlunsplit: it writes unix:///path.sock (no host) as unix:/path.sock.
+        client_url = f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{remaining}" if remaining else "")
+        settings = get_settings()
+        client = redis.Redis.from_url(
+            client_url,
+            socket_timeout=settings.metadata_timeout_s,
+            socket_connect_timeout=settings.metadata_connect_timeout_s,
+            # One immediate retry on a broken connection (a pooled one that a restarted Redis
+            # dropped reconnects); none on a timeout (redis-py's default retries three times with
+            # backoff, which made a stopped Redis cost four timeouts per call).
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        )
+        return cls(client, KeySpace(prefix))
+
+    # --- the store itself -----------------------------------------------------------------------
+    def ping(self) -> None:
+        self._redis.ping()
+
+    def epoch(self) -> str | None:
+        raw = self._redis.get(self.keys.epoch())
+        return raw.decode() if isinstance(raw, bytes) else None
+
+    def set_epoch(self, epoch: str) -> str:
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.epoch(), epoch, nx=True)
+            pipe.get(self.keys.epoch())
+            _, held = pipe.execute()
+        return str(held.decode())
 
     # --- apps -----------------------------------------------------------------------------------
     def create_app(self, app_id: str, key_hash: str) -> None:
@@ -202,6 +344,10 @@ class RedisMetadataStore:
     def list_workers(self, pool: str | None = None) -> list[WorkerState]:
         return _live(self._parse_workers(self._redis.hvals(self.keys.workers())), pool)
 
+    def list_worker_reports(self, pool: str | None = None) -> list[WorkerState]:
+        reports = self._parse_workers(self._redis.hvals(self.keys.workers()))
+        return [state for state in reports if pool is None or state.pool == pool]
+
     def profiles_version(self, app_id: str) -> int:
         raw = self._redis.get(self.keys.profiles_version(app_id))
         return int(raw) if raw is not None else 0
@@ -228,6 +374,7 @@ class RedisMetadataStore:
             self._redis.delete(*keys)
 
     def close(self) -> None:
+        self._outage.close()
         self._redis.close()
 
     # ============================================================================================
@@ -395,6 +542,10 @@ class RedisMetadataStore:
         raw = self._redis.get(self.keys.job_lease(job_id))
         return raw.decode() if isinstance(raw, bytes) else None
 
+    def job_lease_expires_in_s(self, job_id: str) -> float | None:
+        left_ms = int(self._redis.pttl(self.keys.job_lease(job_id)))
+        return left_ms / 1000.0 if left_ms > 0 else None  # -2: no lease (-1, no TTL, cannot happen)
+
     # --- the scaler's lease: the job leases' scripts (SET NX PX; extend and drop by the holder) --
     def acquire_scaler_lease(self, owner: str, ttl_s: float) -> bool:
         lease = self.keys.scaler_lease()
@@ -419,7 +570,31 @@ class RedisMetadataStore:
                 pipe.expire(key, seconds)
             pipe.execute()
 
+    # --- idempotency keys: SET NX PX takes a key, one script step answers who holds it ------------
+    def claim_request(
+        self, app_id: str, operation: str, key: str, pending: IdempotentRequest, ttl_s: float
+    ) -> IdempotentRequest | None:
+        name = self.keys.request_key(app_id, operation, key)
+        held = self._redis.eval(_CLAIM_REQUEST, 1, name, pending.to_json(), _ms(ttl_s))  # type: ignore[no-untyped-call]
+        return IdempotentRequest.from_json(held) if isinstance(held, bytes) else None
 
+    def complete_request(
+        self, app_id: str, operation: str, key: str, done: IdempotentRequest, ttl_s: float
+    ) -> None:
+        self._redis.set(self.keys.request_key(app_id, operation, key), done.to_json(), px=_ms(ttl_s))
+
+    def release_request(self, app_id: str, operation: str, key: str, pending: IdempotentRequest) -> None:
+        # The lease's compare-and-delete: only the record this claim wrote is dropped.
+        name = self.keys.request_key(app_id, operation, key)
+        self._redis.eval(_RELEASE_LEASE, 1, name, pending.to_json())  # type: ignore[no-untyped-call]
+
+
+# KEYS: an idempotency key; ARGV: the pending record, its ttl (ms). Written when free (nil back);
+# else the record that holds it, untouched: claiming and reading the holder are one step.
+_CLAIM_REQUEST = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+return redis.call('GET', KEYS[1])
+"""
 # KEYS: done hash, errors hash; ARGV: (input key, output key, error) triples. A marker is set only
 # once; only newly set ones are counted, and only their errors recorded.
 _MARK_ITEMS = """
@@ -468,6 +643,14 @@ _RELEASE_LEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+def _where(client: redis.Redis) -> str:  # type: ignore[type-arg]
+    """The server a client talks to, for messages (never its password)."""
+    options = client.connection_pool.connection_kwargs
+    if "path" in options:
+        return f"redis at {options['path']}"
+    return f"redis at {options.get('host', 'localhost')}:{options.get('port', 6379)}"
 
 
 def _ms(seconds: float) -> int:

@@ -1,6 +1,6 @@
 """Run offline jobs from the command line, with the deployment's settings (``MODELLESS_*``):
 
-    python -m modelless.offline run JOB_ID [--for-seconds 600] [--report-file PATH]
+    python -m modelless.offline run JOB_ID [--for-seconds 600] [--owner ID] [--report-file PATH]
     python -m modelless.offline resume            # every unfinished job nobody holds
 
 What the offline function does in AWS, as a process: an operator's tool, how the embedded stack
@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> None:
     run = commands.add_parser("run", help="run one job until it finishes (or the time is up)")
     run.add_argument("job_id")
     run.add_argument("--for-seconds", type=float, help="stop cleanly before this many seconds pass")
+    run.add_argument(
+        "--owner",
+        help="hold the job's lease under this id (a parent that watches the run frees it if the run dies)",
+    )
     resume = commands.add_parser("resume", help="run every unfinished job whose lease nobody holds")
     for command in (run, resume):
         command.add_argument(
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         deadline = time.time() + args.for_seconds if getattr(args, "for_seconds", None) else None
         lines: list[str] = []
         for job_id in job_ids:
-            report = service.run(job_id, deadline)
+            report = service.run(job_id, deadline, owner=getattr(args, "owner", None))
             lines.append(
                 json.dumps({"jobId": job_id, "outcome": report.outcome.value, "processed": report.processed})
             )

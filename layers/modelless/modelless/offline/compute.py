@@ -7,6 +7,11 @@ online bursts. It is chosen once per job (every result of a job comes from one v
 batch then goes to a worker running it that the throttle lets offline work use, or to a worker
 with a free slot to load it into. When no worker qualifies, the job waits.
 
+A worker whose run failed (dead, hung, unreachable) is left out of the next decisions for a while
+(``FAILED_WORKER_HOLD_S``, as online queries do): its last report stays fresh in the store for
+seconds after it died, and the retry of the batch goes to another worker (or to the one its pool
+started in its place) instead of to the dead one again.
+
 Batches are sent with ``"offline": true``: the worker runs them in its instances' idle moments,
 never batched with online queries, and records them apart from online traffic.
 """
@@ -21,7 +26,8 @@ from typing import Protocol
 
 import numpy as np
 
-from modelless.exceptions import NotFoundError, NotReadyError, TargetsUnreachableError
+from modelless.dispatch.live_view import FAILED_WORKER_HOLD_S
+from modelless.exceptions import ModellessError, NotFoundError, NotReadyError, TargetsUnreachableError
 from modelless.metadata.base import MetadataStore
 from modelless.offline.throttle import RUNNING, ThrottleConfig, ThrottleState, next_state
 from modelless.pools.catalog import PoolKind, PoolSpec
@@ -130,6 +136,8 @@ class WorkerCompute:
         # The worker the last batch ran on: kept while the throttle allows, so that a variant
         # loaded for this job is used again before the worker's next report shows it loaded.
         self._sticky: Decision | None = None
+        # Workers whose run failed lately -> until when (this clock) decisions leave them out.
+        self._held_out: dict[str, float] = {}
 
     def throttle_states(self) -> dict[str, ThrottleState]:
         return dict(self._throttle)
@@ -151,7 +159,10 @@ class WorkerCompute:
             for w in workers
         }
         self._throttle = states  # workers that stopped reporting are forgotten
-        open_workers = [w for w in workers if not states[w.worker_id].paused]
+        self._held_out = {w: until for w, until in self._held_out.items() if until > now}
+        open_workers = [
+            w for w in workers if not states[w.worker_id].paused and w.worker_id not in self._held_out
+        ]
         sticky = self._sticky
         if (
             sticky is not None
@@ -171,6 +182,11 @@ class WorkerCompute:
         if not workers:
             return Paused(f"no worker of pool {variant.pool!r} is running")
         paused = [s.reason for s in states.values() if s.paused]
+        paused += [
+            f"{w.worker_id}: its last offline run failed (left out for {FAILED_WORKER_HOLD_S:g} s)"
+            for w in workers
+            if w.worker_id in self._held_out
+        ]
         if paused:
             return Paused("; ".join(paused[:3]))
         return Paused(
@@ -183,8 +199,11 @@ class WorkerCompute:
         payload["offline"] = True
         try:
             body = self._invoker.invoke(decision.worker_address, payload, OFFLINE_INVOKE_TIMEOUT_S)
-        except Exception:
+        except Exception as error:
             self._sticky = None
+            refused = isinstance(error, ModellessError) and 400 <= error.status_code < 500
+            if not refused and decision.worker_id is not None:  # a bad input is no fault of the worker
+                self._held_out[decision.worker_id] = self._clock() + FAILED_WORKER_HOLD_S
             raise
         self._sticky = dataclasses.replace(decision, reason="the worker the job's last batch ran on")
         return RunResult(outputs_of(body), decision.worker_id, float(body["inference_ms"]))

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import io
 import warnings
-import zipfile
 from pathlib import PurePosixPath
 
 import numpy as np
 
+from modelless.archives import UNREADABLE, open_zip, read_npz_member
 from modelless.exceptions import InvalidInputError, OfflineInputError, first_line
-from modelless.inputs import check_batch
+from modelless.inputs import ZIP_MAGIC, batch_bytes, check_batch, read_npy
 from modelless.types import ModelRecord
 
 ARRAY_SUFFIXES = (".npy", ".npz")
@@ -32,7 +32,7 @@ def decode_input(key: str, data: bytes, model: ModelRecord, max_rows: int) -> np
     an image converted to the model's channels, resized to its height and width, scaled to [0, 1]."""
     suffix = PurePosixPath(key).suffix.lower()
     if suffix in ARRAY_SUFFIXES:
-        array = _load_array(data, suffix)
+        array = _load_array(data, suffix, model, max_rows)
     elif suffix in IMAGE_SUFFIXES:
         array = decode_image(data, model.input_shape)
     else:
@@ -45,29 +45,35 @@ def decode_input(key: str, data: bytes, model: ModelRecord, max_rows: int) -> np
         raise OfflineInputError(error.message) from error
 
 
-def _load_array(data: bytes, suffix: str) -> np.ndarray:
+def _load_array(data: bytes, suffix: str, model: ModelRecord, max_rows: int) -> np.ndarray:
+    """The array an ``.npy``, or an ``.npz``'s ``inputs`` (or only) array, holds: never more
+    than its header declares and the bytes hold (``.npy``), nor more than ``max_rows`` rows of
+    the model's inputs could fill (an ``.npz`` member, checked before it is inflated)."""
     try:
-        loaded = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
-        raise OfflineInputError(f"not a readable {suffix} file: {first_line(error)}") from error
-    if isinstance(loaded, np.lib.npyio.NpzFile):
-        with loaded as archive:
-            names = list(archive.files)
-            if "inputs" in names:
+        if not data.startswith(ZIP_MAGIC):  # by content, as numpy tells them apart
+            return read_npy(data, f"the {suffix} file")
+        with open_zip(data, f"the {suffix} file") as archive:
+            infos = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}
+            if "inputs" in infos:
                 name = "inputs"
-            elif len(names) == 1:
-                name = names[0]
+            elif len(infos) == 1:
+                name = next(iter(infos))
             else:
                 raise OfflineInputError(
-                    f".npz holds {sorted(names)}: name the array 'inputs' (or hold just one)"
+                    f".npz holds {sorted(infos)}: name the array 'inputs' (or hold just one)"
                 )
-            try:
-                return np.asarray(archive[name])
-            except (ValueError, OSError, zipfile.BadZipFile) as error:
-                raise OfflineInputError(f".npz array {name!r} is unreadable: {first_line(error)}") from error
-    if not isinstance(loaded, np.ndarray):
-        raise OfflineInputError(f"{suffix} file holds no array")
-    return loaded
+            limit = sum(batch_bytes(spec, max_rows) for spec in model.input_specs)
+            return read_npz_member(
+                archive,
+                infos[name],
+                limit,
+                f".npz array {name!r}",
+                f"{max_rows} rows of this model's inputs are at most {limit}",
+            )
+    except InvalidInputError as error:
+        raise OfflineInputError(error.message) from error
+    except UNREADABLE as error:
+        raise OfflineInputError(f"not a readable {suffix} file: {first_line(error)}") from error
 
 
 def image_layout(shape: list[int]) -> tuple[str, int, int, int]:

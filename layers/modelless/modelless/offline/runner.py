@@ -2,12 +2,13 @@
 
 Exactly-once rests on four things, each enough to stop a different duplicate:
 
-1. **a lease** in the metadata store (with a TTL, renewed before every batch): one runner works
-   a job at a time; a duplicate event or a second launcher finds it held and leaves; a crashed
-   runner's lease expires and the job is free to resume. Every write of the job's record is
-   conditional on still holding it (``save_job``, atomic in the store): a runner that stalled
-   past its lease never writes its stale view (say, "running") over what the runner that took
-   the job over wrote (say, "completed");
+1. **a lease** in the metadata store (with a TTL, renewed before every batch and every heartbeat
+   period by a keepalive thread, so that a batch that waits long in its worker keeps it): one
+   runner works a job at a time; a duplicate event or a second launcher finds it held and leaves;
+   a crashed runner's lease expires (or its parent frees it) and the job is free to resume.
+   Every write of the job's record is conditional on still holding it (``save_job``, atomic in
+   the store): a runner that stalled past its lease never writes its stale view (say, "running")
+   over what the runner that took the job over wrote (say, "completed");
 2. **a fixed input list**, recorded when the job first runs: a resume works on the same inputs;
 3. **a done marker per input**, set only once (``mark_items``) and only after its result object
    is written: a resume skips what is marked and redoes what is not;
@@ -19,6 +20,13 @@ Between batches the runner asks ``Compute`` where the next batch may run; while 
 needs the workers (the throttle) it waits, renewing its lease, and resumes when they calm down.
 With a deadline (the Lambda function's remaining time) it stops cleanly before it and says so.
 
+Liveness: the job's record carries ``heartbeat_at``, rewritten every heartbeat period while the
+runner lives (by the keepalive thread when the main thread is busy in a batch). A record whose
+heartbeat is older than ``STALLED_AFTER_S`` says its runner is gone or hung (``job status`` shows
+it stalled); the lease, which nobody renews then, frees the job for another runner within
+``lease_s``. The keepalive renews only while the main thread shows life (``max_quiet_s``), so that
+a hung runner does not hold its job for ever.
+
 A watch's standing job (``jobs.is_watch_source``) gains inputs one S3 event at a time: its runner
 never lists the prefix, and when it has caught up it completes only if no input arrived since
 (checked atomically by ``save_job``); otherwise it goes on with the new ones.
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,11 +59,17 @@ from modelless.types import Decision, JobStatus, ModelRecord, OfflineJob, Varian
 logger = Logger(service="offline", child=True)
 
 MAX_SUMMARY_ERRORS = 1000  # the summary names at most this many failed inputs (the count is exact)
+# A running job whose heartbeat is older than this has lost its runner (dead, hung, cut off from
+# the store): five heartbeat periods (RunnerConfig.heartbeat_s), so that one slow write on a busy
+# machine does not make a live runner look stalled.
+STALLED_AFTER_S = 5.0
 
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    lease_s: float = 30.0
+    # A job's lease: how long a runner that died without a word holds its job. Renewed every
+    # heartbeat by the keepalive thread, so it need only outlast a few missed heartbeats, not a batch.
+    lease_s: float = 10.0
     max_rows: int = 32  # rows per inference run, at most (see compute.batch_rows)
     run_ms: float = 10.0
     max_input_bytes: int = 16 * 1024 * 1024
@@ -62,8 +77,17 @@ class RunnerConfig:
     max_rows_per_input: int = 4096
     poll_s: float = 0.25  # while paused: how often the workers are looked at again
     heartbeat_s: float = 1.0  # the job record is rewritten at most this often
+    # Renew the lease and the heartbeat from a background thread every heartbeat period, while
+    # the main thread waits in a batch (off: the tests that drive a fake clock).
+    keepalive: bool = True
+    # ... but only while the main thread showed life (a lease renewal) this recently: longer than
+    # one offline run may wait in its worker (compute.OFFLINE_INVOKE_TIMEOUT_S) plus a group's
+    # reads and writes. A main thread quiet for longer is hung: its lease is left to expire.
+    max_quiet_s: float = 90.0
     retry_s: float = 0.5  # after a worker failure; doubles up to max_retry_s
-    max_retry_s: float = 10.0
+    # Bounds the wait after the failures of a worker that is being replaced: the next batch goes
+    # to the replacement at most this long after it is up.
+    max_retry_s: float = 5.0
     yield_margin_s: float = 10.0  # with a deadline: stop this long before it
     io_threads: int = 8  # concurrent object reads and writes within a group
     # Inputs read, run (in batches of the job's batch size) and written per group, at least: a
@@ -125,10 +149,21 @@ class _RunState:
     output_path: S3Path
     deadline: float | None
     report: RunReport
-    last_heartbeat: float = 0.0
     active_since: float = 0.0
     paused_since: float | None = None
     recent: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Liveness:
+    """What a run's main thread shares with its keepalive thread. ``lock`` orders every write of
+    the job's record (and the job's fields the writes read), so that the keepalive never writes
+    a view older than one the main thread wrote (say "running" over "completed")."""
+
+    alive_at: float  # the main thread's last sign of life: its last lease renewal
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    last_heartbeat: float = 0.0
+    lease_lost: bool = False
 
 
 class JobRunner:
@@ -154,6 +189,7 @@ class JobRunner:
         self._clock = clock
         self._sleep = sleep
         self.owner = owner or f"runner-{uuid.uuid4().hex[:12]}"
+        self._live = _Liveness(alive_at=clock())
 
     # --- entry point ------------------------------------------------------------------------------
 
@@ -167,8 +203,10 @@ class JobRunner:
         if not self._store.acquire_job_lease(job_id, self.owner, self._config.lease_s):
             holder = self._store.job_lease_holder(job_id)
             return RunReport(job_id, RunOutcome.BUSY, message=f"held by {holder}")
+        self._live = _Liveness(alive_at=self._clock())
         try:
-            return self._run_leased(job, deadline)
+            with self._keepalive(job):
+                return self._run_leased(job, deadline)
         except _LeaseLost:
             logger.warning("lost the job's lease; another runner goes on", extra={"job_id": job_id})
             return RunReport(job_id, RunOutcome.LOST_LEASE, message="lease lost")
@@ -200,6 +238,8 @@ class JobRunner:
         job.finished_at = None
         job.paused, job.pause_reason = False, ""
         job.message = "listing inputs" if job.runs == 1 else "resuming where the last run stopped"
+        job.heartbeat_at = now  # the last run's heartbeat is not this runner's
+        self._live.last_heartbeat = now
         self._save(job)
         input_path = S3Path.parse(job.input_path, "inputPath")
         output_path = S3Path.parse(job.output_path, "outputPath")
@@ -358,23 +398,25 @@ class JobRunner:
             verdict = self._compute.acquire(state.variant, rows)
             if not isinstance(verdict, Paused):
                 if state.paused_since is not None:
-                    state.report.paused_s += self._clock() - state.paused_since
-                    state.active_since = self._clock()
-                    state.paused_since = None
-                    state.job.paused, state.job.pause_reason = False, ""
+                    with self._live.lock:
+                        state.report.paused_s += self._clock() - state.paused_since
+                        state.active_since = self._clock()
+                        state.paused_since = None
+                        state.job.paused, state.job.pause_reason = False, ""
                     logger.info("offline work resumes", extra={"job_id": state.job.job_id})
                     self._heartbeat(state, force=True)
                 return verdict
-            if state.paused_since is None:
-                now = self._clock()
-                state.job.active_s += now - state.active_since
-                state.paused_since = now
-                if len(state.report.pauses) < 5:
-                    state.report.pauses.append(verdict.reason)
-                logger.info(
-                    "offline work pauses", extra={"job_id": state.job.job_id, "reason": verdict.reason}
-                )
-            state.job.paused, state.job.pause_reason = True, verdict.reason
+            with self._live.lock:
+                if state.paused_since is None:
+                    now = self._clock()
+                    state.job.active_s += now - state.active_since
+                    state.paused_since = now
+                    if len(state.report.pauses) < 5:
+                        state.report.pauses.append(verdict.reason)
+                    logger.info(
+                        "offline work pauses", extra={"job_id": state.job.job_id, "reason": verdict.reason}
+                    )
+                state.job.paused, state.job.pause_reason = True, verdict.reason
             self._idle(state, self._config.poll_s)
 
     def _idle(self, state: _RunState, seconds: float) -> None:
@@ -413,8 +455,6 @@ class JobRunner:
             raise _Yield(f"{job.total - done} inputs are not marked done; the next run completes them")
         self._renew(job)  # a runner that lost the job leaves its completion to the new holder
         now = self._clock()
-        job.active_s += now - state.active_since
-        state.active_since = now
         key = summary_key(state.output_path.prefix, job.job_id)
         errors = self._store.job_errors(job.job_id, MAX_SUMMARY_ERRORS)
         summary: dict[str, Any] = {
@@ -443,20 +483,23 @@ class JobRunner:
             self._objects.put(state.output_path.bucket, key, data, "application/json")
         else:
             self._objects.put_once(state.output_path.bucket, key, data, job.job_id, "application/json")
-        job.summary_key = state.output_path.url_of(key)
-        job.done, job.errors = done, failed
-        job.status = JobStatus.COMPLETED
-        job.finished_at = now
-        job.paused, job.pause_reason = False, ""
-        job.message = f"{done - failed} of {job.total} inputs succeeded, {failed} failed"
-        if watch:
-            job.message += f"; watching {job.input_path} for new objects"
-        saved = self._store.save_job(job, self.owner)
-        if saved is JobSave.NOT_HOLDER:
-            raise _LeaseLost()
-        if saved is JobSave.NEW_INPUTS:
-            job.status, job.finished_at = JobStatus.RUNNING, None
-            return False
+        with self._live.lock:  # the keepalive's heartbeat writes "running" before this, never after
+            job.active_s += now - state.active_since
+            state.active_since = now
+            job.summary_key = state.output_path.url_of(key)
+            job.done, job.errors = done, failed
+            job.status = JobStatus.COMPLETED
+            job.finished_at = now
+            job.paused, job.pause_reason = False, ""
+            job.message = f"{done - failed} of {job.total} inputs succeeded, {failed} failed"
+            if watch:
+                job.message += f"; watching {job.input_path} for new objects"
+            saved = self._store.save_job(job, self.owner)
+            if saved is JobSave.NOT_HOLDER:
+                raise _LeaseLost()
+            if saved is JobSave.NEW_INPUTS:
+                job.status, job.finished_at = JobStatus.RUNNING, None
+                return False
         if not watch:  # a watch's markers stay: they are how its job knows which objects it has
             self._store.expire_job_progress(job.job_id, self._config.progress_retention_s)
         logger.info(
@@ -466,10 +509,11 @@ class JobRunner:
         return True
 
     def _fail(self, job: OfflineJob, report: RunReport, message: str) -> RunReport:
-        job.status = JobStatus.FAILED
-        job.finished_at = self._clock()
-        job.message = message
-        self._save(job)
+        with self._live.lock:
+            job.status = JobStatus.FAILED
+            job.finished_at = self._clock()
+            job.message = message
+            self._save(job)
         logger.warning("offline job failed", extra={"job_id": job.job_id, "reason": message})
         report.outcome = RunOutcome.FAILED
         report.message = message
@@ -478,13 +522,71 @@ class JobRunner:
     # --- lease, deadline, heartbeat -----------------------------------------------------------
 
     def _renew(self, job: OfflineJob) -> None:
-        if not self._store.renew_job_lease(job.job_id, self.owner, self._config.lease_s):
+        """Keep the lease (also the main thread's sign of life to its keepalive thread)."""
+        if self._live.lease_lost or not self._store.renew_job_lease(
+            job.job_id, self.owner, self._config.lease_s
+        ):
             raise _LeaseLost()
+        self._live.alive_at = self._clock()
 
     def _save(self, job: OfflineJob) -> None:
         """Write the job's record, if the job is still this runner's (atomically: see save_job)."""
-        if self._store.save_job(job, self.owner) is JobSave.NOT_HOLDER:
-            raise _LeaseLost()
+        with self._live.lock:
+            if self._store.save_job(job, self.owner) is JobSave.NOT_HOLDER:
+                raise _LeaseLost()
+
+    @contextlib.contextmanager
+    def _keepalive(self, job: OfflineJob) -> Iterator[None]:
+        """While the block runs, a thread renews the lease and the job's heartbeat every
+        heartbeat period: a batch may wait long in its worker (for an idle moment, up to
+        compute.OFFLINE_INVOKE_TIMEOUT_S), and neither may lapse meanwhile."""
+        if not self._config.keepalive:
+            yield
+            return
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._keep_alive, args=(job, stop), name=f"offline-keepalive-{job.job_id}", daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _keep_alive(self, job: OfflineJob, stop: threading.Event) -> None:
+        live = self._live
+        warned = failing = False  # one log line per episode, not one per second
+        while not stop.wait(max(0.05, self._config.heartbeat_s)):
+            quiet_s = self._clock() - live.alive_at
+            if quiet_s > self._config.max_quiet_s:
+                if not warned:
+                    logger.warning(
+                        "the runner shows no life: its lease is left to expire",
+                        extra={"job_id": job.job_id, "quiet_s": round(quiet_s, 1)},
+                    )
+                    warned = True
+                continue
+            try:
+                with live.lock:
+                    if job.status is not JobStatus.RUNNING:
+                        continue  # finishing: the main thread writes the last word
+                    if not self._store.renew_job_lease(job.job_id, self.owner, self._config.lease_s):
+                        raise _LeaseLost()
+                    now = self._clock()
+                    if now - live.last_heartbeat >= self._config.heartbeat_s:
+                        job.heartbeat_at = live.last_heartbeat = now
+                        self._save(job)
+                failing = False
+            except _LeaseLost:
+                live.lease_lost = True  # the main thread stops at its next renewal
+                return
+            except Exception:  # the store unreachable: the lease may still hold at the next try
+                if not failing:
+                    logger.warning(
+                        "could not renew the job's lease", extra={"job_id": job.job_id}, exc_info=True
+                    )
+                failing = True
 
     def _check_deadline(self, state: _RunState) -> None:
         if state.deadline is not None and self._clock() >= state.deadline - self._config.yield_margin_s:
@@ -492,17 +594,18 @@ class JobRunner:
 
     def _heartbeat(self, state: _RunState, force: bool = False) -> None:
         """Rewrite the job record (progress, pause state) at most once per heartbeat period."""
-        now = self._clock()
-        if not force and now - state.last_heartbeat < self._config.heartbeat_s:
-            return
-        job = state.job
-        job.done, job.errors = self._store.job_progress(job.job_id)
-        if state.paused_since is None:
-            job.active_s += now - state.active_since
-            state.active_since = now
-        job.heartbeat_at = now
-        state.last_heartbeat = now
-        self._save(job)
+        with self._live.lock:
+            now = self._clock()
+            if not force and now - self._live.last_heartbeat < self._config.heartbeat_s:
+                return
+            job = state.job
+            job.done, job.errors = self._store.job_progress(job.job_id)
+            if state.paused_since is None:
+                job.active_s += now - state.active_since
+                state.active_since = now
+            job.heartbeat_at = now
+            self._live.last_heartbeat = now
+            self._save(job)
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:

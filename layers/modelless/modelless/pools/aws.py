@@ -21,6 +21,7 @@ The same boto3 calls run against an emulated endpoint (``AWS_ENDPOINT_URL``) in 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,10 @@ PLAN_TAG = "modelless:variants"
 TAG_VALUE_LIMIT = 256  # EC2 tag values hold at most 256 characters
 # Instances that count towards the desired capacity and may be chosen to leave.
 COUNTED_STATES = {"Pending", "Pending:Wait", "Pending:Proceed", "InService"}
+# A worker silent this long (it left selection after WORKER_STALE_AFTER_S) has its instance
+# replaced: longer than systemd takes to restart a crashed worker process (2 s) and than a pause
+# of the network, far shorter than an instance left broken until someone looks.
+SILENT_WORKER_REPLACED_AFTER_S = 30.0
 
 
 class AwsPoolProvider:
@@ -44,6 +49,7 @@ class AwsPoolProvider:
         store: MetadataStore,
         client: Any | None = None,
         placer: InstancePlacer | None = None,
+        silent_after_s: float = SILENT_WORKER_REPLACED_AFTER_S,
     ) -> None:
         """``groups``: pool name -> Auto Scaling group name. ``store``: where workers report
         (their advertised address, load and instances)."""
@@ -51,6 +57,7 @@ class AwsPoolProvider:
         self._store = store
         self._autoscaling = client or boto3.client("autoscaling")
         self._placer = placer or InstancePlacer()
+        self.silent_after_s = silent_after_s
         self.assignments: dict[str, dict[str, int]] = {}
         self.shortfall: dict[str, dict[str, int]] = {}  # pool -> variant -> instances not placed
 
@@ -121,6 +128,33 @@ class AwsPoolProvider:
             if instance.get("LifecycleState") == "InService"
         }
         return [state for state in self._store.list_workers(pool) if state.worker_id in in_service]
+
+    def heal(self, pool: str) -> list[str]:
+        """Mark Unhealthy the in-service instances whose worker reported once and then went silent
+        for ``silent_after_s``: the group terminates and replaces each (its own EC2 status checks
+        cover an instance whose worker never came up). The worker's report leaves the store. A
+        worker process that crashed is restarted by systemd within seconds and reports again
+        under the same id; silence this long means the instance itself is lost or wedged."""
+        group = self._describe(pool)
+        in_service = {
+            instance["InstanceId"]
+            for instance in group.get("Instances", [])
+            if instance.get("LifecycleState") == "InService" and instance.get("HealthStatus") == "Healthy"
+        }
+        silent_since = time.time() - self.silent_after_s
+        silent = sorted(
+            report.worker_id
+            for report in self._store.list_worker_reports(pool)
+            if report.worker_id in in_service and report.reported_at < silent_since
+        )
+        for instance_id in silent:
+            self._autoscaling.set_instance_health(
+                InstanceId=instance_id, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
+            )
+            self._store.remove_worker(instance_id)
+        if silent:
+            logger.warning("replacing silent workers", extra={"pool": pool, "instances": silent})
+        return silent
 
     def assign(self, pool: str, instances: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
         self.assignments[pool] = dict(instances)

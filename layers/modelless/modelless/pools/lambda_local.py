@@ -24,6 +24,7 @@ import httpx
 
 from modelless.exceptions import ServiceUnavailableError, WorkerUnreachableError
 from modelless.pools.catalog import LAMBDA_MB_PER_VCPU, lambda_threads
+from modelless.pools.health import HealthPolicy, ProcessWatch, Verdict
 from modelless.pools.invokers import raise_for_worker_error
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.selection import LambdaTierState
@@ -40,6 +41,10 @@ FUNCTION_TIMEOUT_S = 30.0
 # assumption for decisions only, never reported as a measurement; replaced by the measured mean.
 UNMEASURED_COLD_START_MS = 1000.0
 COLD_STARTS_KEPT = 20  # the expected cold start is the mean of this many latest ones
+# A container silent for 2 s is replaced, sooner than a pool worker (4 s): its query has no other
+# place to go until it is (a container serves one invocation at a time), and a new container
+# costs one cold start, where a new worker loses every variant it had loaded.
+CONTAINER_HEALTH = HealthPolicy(replace_after_s=2.0)
 
 
 @dataclass
@@ -50,6 +55,10 @@ class _Container:
     invocations: int = 0
     last_used: float = field(default_factory=time.monotonic)
     variants: set[str] = field(default_factory=set)
+    suspect: bool = False  # stopped answering health probes: not chosen until it answers again
+
+    def usable(self) -> bool:
+        return not self.suspect and self.child.alive()
 
 
 @dataclass(eq=False)
@@ -81,6 +90,7 @@ class LocalLambdaTier:
         memory_mb: int = LAMBDA_MB_PER_VCPU,
         concurrency: int = 4,
         idle_timeout_s: float = 300.0,
+        health: HealthPolicy | None = None,
     ) -> None:
         # What a container runs (``python -m container_module --repository … --cache-dir …``):
         # the embedded stack's emulation of the Lambda runtime around functions/cpu_worker
@@ -100,6 +110,11 @@ class LocalLambdaTier:
         self._closed = False
         self.cold_starts = 0
         self._cold_start_ms: deque[float] = deque(maxlen=COLD_STARTS_KEPT)  # measured starts
+        # Containers are watched as pool workers are (``modelless.pools.health``): a dead or hung
+        # one is killed and dropped, and the invocation it held fails over to another container.
+        self._watch = ProcessWatch(self._children, self._judged, self._recovered, health or CONTAINER_HEALTH)
+        self._watch.start("lambda-tier-health")
+        self.discarded: list[tuple[str, Verdict]] = []  # containers the watch dropped, and why
 
     def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         # One deadline for the whole invocation: the wait for a container, a cold start, the run.
@@ -152,7 +167,7 @@ class LocalLambdaTier:
         with self._cond:
             while True:
                 self._reap_idle_locked()
-                idle = [c for c in self._containers if not c.busy and c.memory_mb == memory_mb]
+                idle = [c for c in self._containers if not c.busy and c.memory_mb == memory_mb and c.usable()]
                 if idle:
                     # One that holds the variant (no model load), then the warmest, like Lambda.
                     chosen = max(idle, key=lambda c: (variant_id in c.variants, c.last_used))
@@ -251,6 +266,33 @@ class LocalLambdaTier:
                 self._containers.remove(container)
         container.child.stop()
 
+    def _children(self) -> dict[str, ChildProcess]:
+        with self._cond:
+            return {c.child.name: c.child for c in self._containers}
+
+    def _judged(self, name: str, verdict: Verdict) -> None:
+        with self._cond:
+            container = next((c for c in self._containers if c.child.name == name), None)
+            if container is None:
+                return
+            if verdict is Verdict.SUSPECT:
+                container.suspect = True
+                return
+            self._containers.remove(container)
+            self.discarded.append((name, verdict))
+            self._cond.notify()
+        # Killed, not stopped: a hung process would not act on SIGTERM. An invocation it held
+        # sees its connection fail and the dispatcher tries another container.
+        if container.child.alive():
+            container.child.process.kill()
+        container.child.wait_stopped(timeout_s=2.0)
+
+    def _recovered(self, name: str) -> None:
+        with self._cond:
+            for container in self._containers:
+                if container.child.name == name:
+                    container.suspect = False
+
     def _reap_idle_locked(self) -> None:
         now = time.monotonic()
         for container in list(self._containers):
@@ -267,6 +309,8 @@ class LocalLambdaTier:
         with self._cond:
             holders: dict[str, list[_Container]] = {}
             for container in self._containers:
+                if not container.usable():
+                    continue
                 for variant_id in container.variants:
                     holders.setdefault(variant_id, []).append(container)
             busy = sum(1 for c in self._containers if c.busy)
@@ -297,7 +341,7 @@ class LocalLambdaTier:
         with self._cond:
             idle: dict[int, int] = {}
             for container in self._containers:
-                if not container.busy:
+                if not container.busy and container.usable():
                     idle[container.memory_mb] = idle.get(container.memory_mb, 0) + 1
             busy = len(self._containers) - sum(idle.values())
             full = busy + self._starting >= self.concurrency  # an idle one would give its place up
@@ -310,6 +354,7 @@ class LocalLambdaTier:
         return len(self._containers)
 
     def close(self) -> None:
+        self._watch.close()
         with self._cond:
             self._closed = True
             containers, self._containers = self._containers, []

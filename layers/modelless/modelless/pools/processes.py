@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelless.exceptions import ServiceUnavailableError
+from modelless.worker.http import PARENT_PID_ENV
 
 READY_TIMEOUT_S = 60.0
 
@@ -63,7 +64,8 @@ def spawn(
             stdout=subprocess.PIPE,
             stderr=log,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            # PARENT_PID_ENV: the child stops once this process is gone (``exit_with_parent``).
+            env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid()), **(env or {})},
         )
     assert process.stdout is not None
     deadline = time.monotonic() + READY_TIMEOUT_S

@@ -31,6 +31,10 @@ class PoolProvider(Protocol):
         """Make the pool hold ``instances`` (variant id -> instances); ``profiles`` describes those
         variants (what a worker needs to load one)."""
 
+    def heal(self, pool: str) -> list[str]:
+        """Have the pool's dead or hung workers replaced (where the provider does not do it on
+        its own); returns the ids of the workers replaced since the last call."""
+
 
 # How long one ``POST /unload`` waits for the instance's queries to finish before it answers
 # "draining" (its slot is then freed a little later, and loaded on a later tick). Queries on an

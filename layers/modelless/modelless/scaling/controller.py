@@ -91,6 +91,7 @@ class ScalingReport:
     load_qps: dict[str, float]  # group -> measured load
     workers: dict[str, int]  # pool -> workers asked for after this tick
     held: dict[str, tuple[int, int]]  # pool -> (kept, planned) where scale-down is on hold
+    healed: dict[str, list[str]] = field(default_factory=dict)  # pool -> workers replaced
 
     def summary(self) -> dict[str, object]:
         return {
@@ -101,6 +102,7 @@ class ScalingReport:
             "load_qps": {g: round(q, 2) for g, q in self.load_qps.items()},
             "workers": self.workers,
             "held": {p: {"kept": k, "planned": w} for p, (k, w) in self.held.items()},
+            "healed": self.healed,
             "lambda_qps": {g: round(q, 2) for g, q in self.plan.lambda_qps.items()},
             "unmet": dict(self.plan.unmet),
             "gap": None if self.plan.gap is None else round(self.plan.gap, 6),
@@ -212,7 +214,11 @@ class Scaler:
         plan = self._solve(problem, self._config.time_limit_s)
         workers: dict[str, int] = {}
         held: dict[str, tuple[int, int]] = {}
+        healed: dict[str, list[str]] = {}
         for pool in problem.pools:
+            replaced = self._provider.heal(pool.name)
+            if replaced:
+                healed[pool.name] = replaced
             wanted = plan.workers.get(pool.name, 0)
             load_times = [v.load_time_ms / 1000 for v in problem.variants if v.pool == pool.name]
             hold_s = max([self._config.min_hold_s, *load_times])
@@ -224,7 +230,7 @@ class Scaler:
             self._provider.assign(
                 pool.name, self._held_instances(pool.name, planned, snapshot, now), snapshot.profiles
             )
-        return ScalingReport(plan, snapshot.load, workers, held)
+        return ScalingReport(plan, snapshot.load, workers, held, healed)
 
     def _held_instances(
         self, pool: str, planned: Mapping[str, int], snapshot: Snapshot, now: float

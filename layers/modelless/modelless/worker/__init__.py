@@ -25,10 +25,17 @@ DRAINED_REFUSAL_S = 5.0
 # (Here, not in server.py, so that the simulator can model it without importing onnxruntime.)
 
 
+# The environment variable that carries the token a worker's reports to the gateway present
+# (the embedded stack's in-memory store): a secret, so never on the command line, where every
+# user of the machine reads it (``ps``, /proc/PID/cmdline).
+REPORT_TOKEN_ENV = "MODELLESS_REPORT_TOKEN"
+
+
 @dataclass(frozen=True)
 class WorkerLaunch:
     """What one worker process is started with: its identity, its pool, where variants and
-    reports go. ``argv`` is the command line ``python -m modelless.worker`` takes."""
+    reports go. ``argv`` is the command line ``python -m modelless.worker`` takes, ``env`` what
+    goes in its environment (the secrets)."""
 
     worker_id: str
     pool: str
@@ -47,6 +54,8 @@ class WorkerLaunch:
             "--repository", self.repository_url,
             "--cache-dir", str(self.cache_dir),
             "--report-url", self.report_url,
-            "--report-token", self.report_token,
             *self.extra_args,
         ]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        return {REPORT_TOKEN_ENV: self.report_token}

@@ -5,6 +5,7 @@ invocations, whose tensors cross as raw bytes."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import sys
@@ -36,22 +37,36 @@ class JsonServer(ThreadingHTTPServer):
         self._in_flight = 0
         self._last_request = time.monotonic()
         self._idle = threading.Condition()
+        # When each request in flight started (monotonic), by a token of its own: the age of the
+        # oldest is what a health check compares with an inference deadline (a hung run).
+        self._started: dict[object, float] = {}
 
-    def request_started(self) -> None:
+    def request_started(self) -> object:
+        """Count a request in; returns the token ``request_finished`` takes."""
+        token = object()
         with self._idle:
             self._in_flight += 1
             self._last_request = time.monotonic()
+            self._started[token] = self._last_request
+        return token
 
-    def request_finished(self) -> None:
+    def request_finished(self, token: object) -> None:
         with self._idle:
             self._in_flight -= 1
             self._last_request = time.monotonic()
+            self._started.pop(token, None)
             self._idle.notify_all()
 
     @property
     def in_flight(self) -> int:
         with self._idle:
             return self._in_flight
+
+    def oldest_in_flight_s(self) -> float:
+        """How long the oldest request in flight has been running (0 when none is)."""
+        with self._idle:
+            oldest = min(self._started.values(), default=None)
+        return 0.0 if oldest is None else time.monotonic() - oldest
 
     def drain(self, quiet_s: float = DRAIN_QUIET_S, limit_s: float = DRAIN_LIMIT_S) -> bool:
         """Wait until no request is in flight and none came for ``quiet_s``; at most ``limit_s``.
@@ -85,6 +100,9 @@ def stop_gracefully_on_sigterm(server: JsonServer, before_drain: Callable[[], No
 
 
 def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> JsonServer:
+    """A server of ``routes``, and of ``GET /health`` (``health_route``) unless they have one."""
+    table = dict(routes)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: the gateway reuses its connections
 
@@ -98,14 +116,14 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> J
             # Per request: one handler serves every request of a keep-alive connection.
             framed = (self.headers.get("Content-Type") or "").startswith(FRAMES_MEDIA_TYPE)
             self._framed_reply = framed or FRAMES_MEDIA_TYPE in (self.headers.get("Accept") or "")
-            route = routes.get((method, self.path.split("?")[0]))
+            route = table.get((method, self.path.split("?")[0]))
             if route is None:
                 self._reply(
                     404, {"error": {"code": "not_found", "message": f"no route {method} {self.path}"}}
                 )
                 return
             length = int(self.headers.get("Content-Length") or 0)
-            server.request_started()
+            token = server.request_started()
             try:
                 raw = self.rfile.read(length) if length else b""
                 body = (decode_frames(raw) if framed else json.loads(raw)) if raw else {}
@@ -117,7 +135,7 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> J
                     500, {"error": {"code": "worker_error", "message": f"{type(error).__name__}: {error}"}}
                 )
             finally:
-                server.request_finished()
+                server.request_finished(token)
 
         def do_GET(self) -> None:
             self._handle("GET")
@@ -142,10 +160,48 @@ def make_server(host: str, port: int, routes: dict[tuple[str, str], Route]) -> J
             pass  # request logs would swamp the stack's output; monitoring reports the numbers
 
     server = JsonServer((host, port), Handler)
+    table.setdefault(("GET", "/health"), health_route(server))
     return server
 
 
+def health_route(server: JsonServer) -> Route:
+    """``GET /health``: the process serves HTTP, and how long its oldest request has been running
+    (a pool provider's probe takes a run far past any deadline for a hung worker)."""
+    return lambda _: {
+        "ok": True,
+        "in_flight": server.in_flight,
+        "oldest_in_flight_s": server.oldest_in_flight_s(),
+    }
+
+
 def announce_ready(server: JsonServer) -> None:
-    """Tell the parent process which port the OS gave us (the first stdout line)."""
+    """Tell the parent process which port the OS gave us (the first stdout line), and from now
+    on stop when that parent is gone (``exit_with_parent``)."""
     sys.stdout.write(f"READY {server.server_address[1]}\n")
     sys.stdout.flush()
+    exit_with_parent()
+
+
+# Set by the process that spawned us (``modelless.pools.processes.spawn``): its pid.
+PARENT_PID_ENV = "MODELLESS_PARENT_PID"
+PARENT_CHECK_S = 0.5
+
+
+def exit_with_parent() -> None:
+    """A child of the embedded stack stops (SIGTERM to itself: a worker drains first) once the
+    stack that started it is gone, even when the stack was killed without a chance to stop its
+    children: an orphan would go on serving and reporting, and clash with the next stack's
+    workers. Polling ``getppid`` rather than ``PR_SET_PDEATHSIG``, which fires when the parent's
+    *thread* that spawned us ends (the Lambda tier starts containers from short-lived threads).
+    A process started otherwise (systemd on EC2) has no such parent and is left alone."""
+    raw = os.environ.get(PARENT_PID_ENV)
+    if not raw or not raw.isdigit():
+        return
+    parent = int(raw)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

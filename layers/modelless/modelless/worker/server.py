@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -43,11 +44,11 @@ from modelless.exceptions import (
     NoFreeSlotError,
 )
 from modelless.monitoring import WorkerMonitor
-from modelless.pools.reporting import make_state_sink
+from modelless.pools.reporting import ReportFailures, make_state_sink
 from modelless.repository import open_repository
 from modelless.runtime import LoadedVariant, VariantRuntime, inputs_of, npy_bytes, run_session
 from modelless.types import VariantProfile
-from modelless.worker import DRAINED_REFUSAL_S
+from modelless.worker import DRAINED_REFUSAL_S, REPORT_TOKEN_ENV
 from modelless.worker.http import announce_ready, make_server, stop_gracefully_on_sigterm
 
 logger = Logger(service="modelless-worker")
@@ -412,7 +413,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repository", required=True)
     parser.add_argument("--cache-dir", default="/tmp/modelless-cache")
     parser.add_argument("--report-url", required=True, help="redis://… or the gateway's http://… URL")
-    parser.add_argument("--report-token", default="")
     parser.add_argument(
         "--no-batching", action="store_true", help="run each invocation on its own, as it arrives"
     )
@@ -440,7 +440,6 @@ def main(argv: list[str] | None = None) -> None:
             ("GET", "/stats"): worker.stats,
             ("POST", "/load"): worker.load,
             ("POST", "/unload"): worker.unload,
-            ("GET", "/health"): lambda _: {"ok": True},
         },
     )
     # socketserver listens with a backlog of 5: a burst of concurrent callers opening their
@@ -448,8 +447,9 @@ def main(argv: list[str] | None = None) -> None:
     # Listening again on the bound socket only raises the backlog.
     server.socket.listen(LISTEN_BACKLOG)
     worker.monitor.address = http_address(advertised_host, server.server_address[1])
-    sink = make_state_sink(args.report_url, args.report_token)
+    sink = make_state_sink(args.report_url, os.environ.get(REPORT_TOKEN_ENV, ""))
     stop = threading.Event()
+    failures = ReportFailures(logger)
 
     def report_loop() -> None:
         # The first report goes out at once; the gateway it goes to may not be up yet, so a
@@ -459,8 +459,9 @@ def main(argv: list[str] | None = None) -> None:
             worker.state_changed.clear()
             try:
                 sink(worker.monitor.snapshot(time.time()))
-            except Exception as error:
-                logger.warning("state report failed; retrying next period", extra={"error": str(error)})
+                failures.succeeded()
+            except Exception as error:  # a store outage included: reporting resumes after it
+                failures.failed(error)
             worker.state_changed.wait(REPORT_PERIOD_S)
             if stop.is_set():
                 return

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
 from modelless.api.dependencies import CallerAppDep, KeyDep, ServicesDep
+from modelless.api.idempotency import IDEMPOTENCY_HEADER, fingerprint, run_once
 from modelless.api.schemas import ImportProfiles, RegisterModel, RegistrationReply
-from modelless.auth import authorize_app
 from modelless.config import Settings, variable_name
 from modelless.exceptions import (
     InvalidInputError,
@@ -92,25 +93,39 @@ def _reply(request: Request, registration: Registration) -> RegistrationReply:
     )
 
 
-@router.post("/register_model", status_code=202, openapi_extra=REGISTER_BODY)
-async def register_model(request: Request, services: ServicesDep, key: KeyDep) -> RegistrationReply:
+@router.post(
+    "/register_model",
+    status_code=202,
+    openapi_extra=REGISTER_BODY,
+    responses={409: {"description": "the name is taken, or the Idempotency-Key was used otherwise"}},
+)
+async def register_model(
+    request: Request,
+    response: Response,
+    services: ServicesDep,
+    key: KeyDep,
+    idempotency_key: Annotated[str | None, Header(alias=IDEMPOTENCY_HEADER)] = None,
+) -> RegistrationReply:
     """Register a model: files uploaded as multipart/form-data (``model``, ``valSet``, optionally
     ``modelData``), or s3:// URIs (``modelUri``, ``valSetUri``) as form fields or a JSON body.
-    Uploads are copied to disk in pieces, never held whole in memory (docs/REGISTRATION.md)."""
+    Uploads are copied to disk in pieces, never held whole in memory (docs/REGISTRATION.md).
+    With an ``Idempotency-Key``, a retry of the same request gets the first reply and registers
+    nothing again (the same key with another request is a 409)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     staging = Path(await run_in_threadpool(tempfile.mkdtemp, prefix="modelless-upload-"))
     try:
         if media == "application/json":
             fields = _fields(await _json_body(request))
             files: dict[str, Path] = {}
-            authorize_app(services.store, key, fields.appID)
+            digests: dict[str, str] = {}
+            services.keys.authorize(key, fields.appID)
         elif media in {"multipart/form-data", "application/x-www-form-urlencoded"}:
             # Starlette spools each file part to a temporary file as it is parsed (1 MB in memory).
             form = await request.form(max_files=len(FILE_PARTS), max_fields=len(FORM_FIELDS) + 4)
             try:
                 fields = _fields(_form_values(form))
-                authorize_app(services.store, key, fields.appID)  # before a byte is copied
-                files = await run_in_threadpool(_spool_parts, form, staging, services.settings)
+                services.keys.authorize(key, fields.appID)  # before a byte is copied
+                files, digests = await run_in_threadpool(_spool_parts, form, staging, services.settings)
             finally:
                 await form.close()
         else:
@@ -119,18 +134,33 @@ async def register_model(request: Request, services: ServicesDep, key: KeyDep) -
                 f"got {media or 'no content type'!r}"
             )
         source = _source(fields, files)
-        registration = await run_in_threadpool(
-            services.registrar.register,
+
+        async def register() -> RegistrationReply:
+            registration = await run_in_threadpool(
+                services.registrar.register,
+                fields.appID,
+                fields.modelName,
+                source,
+                fields.metric,
+                request.state.correlation_id,
+                fields.preprocessing,
+            )
+            return _reply(request, registration)
+
+        # The request, as a retry would repeat it: its fields and what each file part held.
+        identity = fingerprint({"fields": fields.model_dump(), "files": digests})
+        return await run_once(
+            services,
+            idempotency_key,
+            response,
+            "register_model",
             fields.appID,
-            fields.modelName,
-            source,
-            fields.metric,
-            request.state.correlation_id,
-            fields.preprocessing,
+            identity,
+            RegistrationReply,
+            register,
         )
     finally:
         await run_in_threadpool(shutil.rmtree, staging, True)
-    return _reply(request, registration)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -192,15 +222,17 @@ def _fields(values: dict[str, Any]) -> RegisterModel:
         ) from None
 
 
-def _spool_parts(form: FormData, staging: Path, settings: Settings) -> dict[str, Path]:
+def _spool_parts(form: FormData, staging: Path, settings: Settings) -> tuple[dict[str, Path], dict[str, str]]:
     """Copy each file part to its own file under ``staging``, in pieces, refusing one over its
-    limit with a 413 that names the setting (a model's external data shares the model's)."""
+    limit with a 413 that names the setting (a model's external data shares the model's).
+    Returns the files, and each one's SHA-256 (what tells a retry from another request)."""
     limits = {
         "model": (settings.max_model_bytes, variable_name(Settings, "max_model_bytes")),
         "modelData": (settings.max_model_bytes, variable_name(Settings, "max_model_bytes")),
         "valSet": (settings.max_valset_bytes, variable_name(Settings, "max_valset_bytes")),
     }
     copied: dict[str, Path] = {}
+    digests: dict[str, str] = {}
     for name, value in form.multi_items():
         if not isinstance(value, UploadFile):
             continue
@@ -209,6 +241,7 @@ def _spool_parts(form: FormData, staging: Path, settings: Settings) -> dict[str,
         limit, setting = limits[name]
         target = staging / name
         written = 0
+        digest = hashlib.sha256()
         value.file.seek(0)
         with target.open("wb") as out:
             while piece := value.file.read(UPLOAD_CHUNK_BYTES):
@@ -216,8 +249,10 @@ def _spool_parts(form: FormData, staging: Path, settings: Settings) -> dict[str,
                 if written > limit:
                     raise too_large(FILE_PARTS[name], limit, setting)
                 out.write(piece)
+                digest.update(piece)
         copied[name] = target
-    return copied
+        digests[name] = digest.hexdigest()
+    return copied, digests
 
 
 def _source(fields: RegisterModel, files: dict[str, Path]) -> RegistrationSource:
@@ -264,7 +299,7 @@ def list_registrations(request: Request, services: ServicesDep, app_id: CallerAp
 @router.post("/variants/import", status_code=201)
 def import_variant_profiles(body: ImportProfiles, services: ServicesDep, key: KeyDep) -> dict[str, Any]:
     """Profiles measured on hardware this deployment lacks (GPU, Inferentia), marked imported."""
-    authorize_app(services.store, key, body.appID)
+    services.keys.authorize(key, body.appID)
     imported = import_profiles(
         services.store, services.repository, services.pools, body.appID, body.modelName, body.profiles
     )

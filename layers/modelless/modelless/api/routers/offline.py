@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from modelless.api.dependencies import AdminDep, CallerAppDep, KeyDep, ServicesDep
+from modelless.api.idempotency import IDEMPOTENCY_HEADER, fingerprint, run_once
 from modelless.api.schemas import JobReply, OfflineBuckets, OfflineQuery
 from modelless.api.services import Services
-from modelless.auth import authorize_app
 from modelless.exceptions import InvalidInputError, InvalidJobError, NotFoundError, ServiceUnavailableError
 from modelless.offline.jobs import JobSpec, S3Path
 from modelless.offline.service import JobView, OfflineService
@@ -52,9 +52,13 @@ def _reply(request: Request, view: JobView) -> JobReply:
         inputPath=job.input_path,
         outputPath=job.output_path,
         summaryPath=job.summary_key,
-        message=job.message,
+        message=view.message,
         source=job.source,
         runs=job.runs,
+        health="stalled" if view.stalled else "ok",
+        heartbeatAgeS=round(age, 1) if (age := view.heartbeat_age_s) is not None else None,
+        restarts=job.restarts,
+        lastRunnerFailure=job.runner_failure or None,
         createdAt=job.created_at,
         startedAt=job.started_at,
         finishedAt=job.finished_at,
@@ -63,18 +67,40 @@ def _reply(request: Request, view: JobView) -> JobReply:
     )
 
 
-@router.post("/offline_query", status_code=202)
-async def offline_query(body: OfflineQuery, request: Request, services: ServicesDep, key: KeyDep) -> JobReply:
-    authorize_app(services.store, key, body.appID)
+@router.post(
+    "/offline_query",
+    status_code=202,
+    responses={
+        409: {"description": "the Idempotency-Key was used for another request, or its first still runs"}
+    },
+)
+async def offline_query(
+    body: OfflineQuery,
+    request: Request,
+    response: Response,
+    services: ServicesDep,
+    key: KeyDep,
+    idempotency_key: Annotated[str | None, Header(alias=IDEMPOTENCY_HEADER)] = None,
+) -> JobReply:
+    """Start a batch job over every object under ``inputPath``. With an ``Idempotency-Key``, a
+    retry of the same request gets the first reply (the same job) and starts nothing again."""
+    services.keys.authorize(key, body.appID)
     if body.accuracy is None and body.modelName is None:
         raise InvalidInputError("give either an accuracy target or a modelName")
     if body.modelName is not None:
         check_name("modelName", body.modelName)
     offline = _offline(services)
     spec = JobSpec(body.appID, body.inputPath, body.outputPath, body.accuracy or 0.0, body.modelName)
-    # Validation lists buckets and objects (S3 round trips): off the event loop.
-    job = await run_in_threadpool(offline.submit, spec)
-    return _reply(request, offline.view(job.job_id, body.appID))
+
+    async def submit() -> JobReply:
+        # Validation lists buckets and objects (S3 round trips): off the event loop.
+        job = await run_in_threadpool(offline.submit, spec)
+        return _reply(request, offline.view(job.job_id, body.appID))
+
+    identity = fingerprint(body.model_dump())
+    return await run_once(
+        services, idempotency_key, response, "offline_query", body.appID, identity, JobReply, submit
+    )
 
 
 @router.get("/jobs/{job_id}", name="job_status")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from modelless.api.dependencies import AdminDep, CallerAppDep, ServicesDep
+from modelless.api.dependencies import AdminDep, KeyDep, ServicesDep
+from modelless.api.services import Services
+from modelless.auth import check_admin
+from modelless.exceptions import ForbiddenError, StoreEmptiedError, StoreUnavailableError, UnauthorizedError
 from modelless.pools.reporting import INTERNAL_STATE_PATH
 from modelless.types import WorkerState
 
@@ -15,13 +19,71 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/health")
-def health() -> dict[str, str]:
+@router.get("/health/live")
+async def health() -> dict[str, str]:
+    """Liveness: the process serves requests. Nothing else is looked at (a store outage must not
+    get a gateway restarted that still serves the apps it knows), and on the event loop, not in
+    the thread pool, so that it answers while every thread waits on something."""
     return {"status": "ok"}
 
 
+@router.get("/health/ready")
+def ready(services: ServicesDep) -> dict[str, Any]:
+    """Readiness: the metadata store answers, and still holds the marker the deployment wrote to
+    it where one was (``Settings.metadata_epoch``): else 503 ``store_unavailable`` or
+    ``store_emptied``. Reports the store's kind and how long it took to answer."""
+    store = services.store
+    started = time.perf_counter()
+    try:
+        store.ping()
+        expected = services.settings.metadata_epoch
+        held = store.epoch() if expected else None
+    except StoreUnavailableError as error:
+        error.details["store"] = {"kind": store.kind, "reachable": False}
+        raise
+    latency_ms = round((time.perf_counter() - started) * 1000, 3)
+    report = {"kind": store.kind, "reachable": True, "latencyMs": latency_ms}
+    if expected and held != expected:
+        raise StoreEmptiedError(
+            f"the metadata store has lost what was registered in it: it should hold epoch "
+            f"{expected!r} and holds {held!r} (it came back empty, without persistence). Every app, "
+            f"key and model registered before is gone; see docs/PERSISTENCE.md",
+            store=report,
+        )
+    return {"status": "ready", "store": report}
+
+
 @router.get("/v1/workers")
-def workers(services: ServicesDep, _: CallerAppDep) -> dict[str, Any]:
-    return {"workers": [asdict(w) for w in services.dispatcher.live_view.live_workers()]}
+def workers(services: ServicesDep, key: KeyDep) -> dict[str, Any]:
+    """Live worker state. The admin key sees every worker as it reports. An app's key sees the
+    workers that run instances of the app's own variants, with those instances only, and
+    without the workers' addresses (internal ones, that other apps' queries go to too)."""
+    live = services.dispatcher.live_view.live_workers()
+    if _is_admin(services, key):
+        return {"workers": [asdict(worker) for worker in live]}
+    app_id = services.keys.app_for_key(key)
+    views = (_app_view(worker, app_id) for worker in live)
+    return {"appID": app_id, "workers": [view for view in views if view is not None]}
+
+
+def _is_admin(services: Services, key: str | None) -> bool:
+    try:
+        check_admin(services.settings.admin_key, key)
+    except (UnauthorizedError, ForbiddenError):
+        return False
+    return True
+
+
+def _app_view(worker: WorkerState, app_id: str) -> dict[str, Any] | None:
+    """What an app may see of a worker: its own instances (a variant id starts with its app's
+    id, which holds no '/'), nothing of the others', no address; None when it runs none."""
+    own = [asdict(i) for i in worker.instances if i.variant_id.startswith(f"{app_id}/")]
+    if not own:
+        return None
+    view = asdict(worker)
+    del view["address"]
+    view["instances"] = own
+    return view
 
 
 @router.post(INTERNAL_STATE_PATH, status_code=204, include_in_schema=False)

@@ -20,15 +20,15 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from modelless.api.deadlines import ReplyDeadline
 from modelless.api.dependencies import KeyDep, ServicesDep
-from modelless.api.schemas import OnlineQuery, QueryReply
+from modelless.api.schemas import OnlineQuery, QueryAccuracy, QueryLatencyMs, QueryReply
 from modelless.api.services import Services
-from modelless.auth import authorize_app
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
-from modelless.inputs import BodyKind, binary_inputs, body_kind, query_inputs
+from modelless.inputs import BodyKind, binary_inputs, body_kind, json_may_hold_booleans, query_inputs
 from modelless.observability import record_query
 from modelless.types import QueryTargets
-from modelless.validation import check_name, check_targets
+from modelless.validation import MAX_LATENCY_MS, check_name
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 
@@ -39,8 +39,9 @@ class QueryParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     appID: str
-    latency: float | None = Field(default=None, description="latency budget in milliseconds")
-    accuracy: float | None = Field(default=None, description="minimum top-1 accuracy in [0, 1]")
+    # Text by nature, read only as a JSON number is written: "true", "nan" or "1e999" is a 400.
+    latency: QueryLatencyMs | None = None
+    accuracy: QueryAccuracy | None = None
     modelName: str | None = Field(default=None, description="name the model instead of targets")
 
 
@@ -56,8 +57,12 @@ ONLINE_QUERY_OPENAPI: dict[str, Any] = {
         }
         for name, schema, description in (
             ("appID", {"type": "string"}, "the application; required with a binary body"),
-            ("latency", {"type": "number"}, "latency budget in milliseconds"),
-            ("accuracy", {"type": "number"}, "minimum top-1 accuracy in [0, 1]"),
+            (
+                "latency",
+                {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_LATENCY_MS},
+                "latency budget in milliseconds",
+            ),
+            ("accuracy", {"type": "number", "minimum": 0, "maximum": 1}, "minimum top-1 accuracy in [0, 1]"),
             ("modelName", {"type": "string"}, "name the model instead of targets"),
         )
     ],
@@ -110,16 +115,21 @@ async def online_query(request: Request, services: ServicesDep, key: KeyDep) -> 
         ) from error
     # One hop to the thread pool for everything that may wait or take CPU: the key's and the
     # model's lookups in the metadata store, decoding the body, and the dispatch to a worker or
-    # the Lambda tier.
-    return await run_in_threadpool(
-        answer_query,
-        services,
-        request.headers.get("content-type"),
-        body,
-        dict(request.query_params),
-        key,
-        request.state.correlation_id,
-        reading,
+    # the Lambda tier. The reply comes by the query's deadline, whether or not that thread does.
+    deadline = ReplyDeadline(reading)
+    return await deadline.wait(
+        run_in_threadpool(
+            answer_query,
+            services,
+            request.headers.get("content-type"),
+            body,
+            dict(request.query_params),
+            key,
+            request.state.correlation_id,
+            reading,
+            deadline,
+        ),
+        f"query {request.state.correlation_id}",
     )
 
 
@@ -131,13 +141,14 @@ def answer_query(
     key: str | None,
     correlation_id: str,
     reading: float,
+    deadline: ReplyDeadline | None = None,
 ) -> QueryReply:
-    """``reading``: the ``perf_counter`` at which the route began reading the body; from it to the
-    batch's existence is ``decode_ms``."""
+    """``reading``: the ``perf_counter`` at which the route began reading the body: the query's
+    arrival, where its clock starts; from it to the batch's existence is ``decode_ms``.
+    ``deadline`` hears the query's targets as soon as they are read."""
     kind = body_kind(content_type, body)
     query = _json_query(body, parameters) if kind is BodyKind.JSON else _query_parameters(parameters)
-    authorize_app(services.store, key, query.appID)
-    check_targets(query.latency, query.accuracy)
+    services.keys.authorize(key, query.appID)
     if query.modelName is None and query.latency is None and query.accuracy is None:
         raise InvalidInputError("give either modelName, or a latency and/or accuracy target")
     if query.modelName is not None:
@@ -145,7 +156,7 @@ def answer_query(
     contract = services.dispatcher.profiles.input_contract(query.appID, query.modelName)
     max_batch = services.settings.max_batch
     if isinstance(query, OnlineQuery):
-        inputs = query_inputs(query.inputs, contract, max_batch)
+        inputs = query_inputs(query.inputs, contract, max_batch, json_may_hold_booleans(body))
     else:
         inputs = binary_inputs(kind, body, contract, max_batch)
     decode_ms = (time.perf_counter() - reading) * 1000
@@ -156,7 +167,11 @@ def answer_query(
         model_name=query.modelName,
         batch=int(inputs.shape[0]),
     )
-    result = services.dispatcher.online_query(targets, inputs, correlation_id, decode_ms=decode_ms)
+    if deadline is not None:
+        deadline.know(targets)
+    result = services.dispatcher.online_query(
+        targets, inputs, correlation_id, decode_ms=decode_ms, received=reading
+    )
     record_query(result)
     outputs = result.outputs.astype(np.float64)
     return QueryReply(
