@@ -845,7 +845,8 @@ def main(argv: list[str] | None = None) -> None:
     live.add_argument("--state-dir", type=Path, default=Path(".modelless"))
     for name, module in DELEGATED.items():
         delegated = commands.add_parser(
-            name, help=f"{PARTS[name]} ({module.replace('.', '/')}.py; --help there)"
+            # argparse formats help with %: a literal one is written %%.
+            name, help=f"{PARTS[name]} ({module.replace('.', '/')}.py; --help there)".replace("%", "%%")
         )
         delegated.add_argument("options", nargs=argparse.REMAINDER, help="passed on to the part")
     everything = commands.add_parser("all", help="every part in turn, then docs/BENCHMARKS.md")

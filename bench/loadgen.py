@@ -93,10 +93,18 @@ class Job:
         )
 
 
+# An idle kept-alive connection is not reused past this: servers close theirs after a few idle
+# seconds (uvicorn: 5 s), and a request written as the server closes gets no reply, a failure of
+# the client's making (HTTP clients retry it; this one would count it). Open loop only: a
+# closed-loop caller's connection is never idle.
+IDLE_REUSE_S = 4.0
+
+
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.used_at = time.perf_counter()  # when its last exchange ended (or it opened)
 
     @classmethod
     async def open(cls, host: str, port: int) -> Connection:
@@ -124,6 +132,7 @@ class Connection:
             body = b"".join(p[:-2] for p in parts)
         else:
             body = await self.reader.readexactly(int(headers.get("content-length", "0")))
+        self.used_at = time.perf_counter()
         return status, body, headers.get("connection", "").lower() != "close"
 
     def close(self) -> None:
@@ -196,6 +205,20 @@ async def run_closed(job: Job) -> Recorder:
     return recorder
 
 
+def take_idle(idle: list[Connection], now: float) -> Connection | None:
+    """The most recently used idle connection, unless it has idled past ``IDLE_REUSE_S`` (then
+    it and every older one are closed: None, and the caller opens a new one)."""
+    if not idle:
+        return None
+    connection = idle.pop()
+    if now - connection.used_at <= IDLE_REUSE_S:
+        return connection
+    for stale in (connection, *idle):  # the list is in order of use: the rest are older still
+        stale.close()
+    idle.clear()
+    return None
+
+
 async def run_open(job: Job) -> Recorder:
     rng = random.Random(job.seed)
     idle: list[Connection] = [
@@ -207,7 +230,7 @@ async def run_open(job: Job) -> Recorder:
 
     async def request(arrived: float) -> None:
         async with slots:
-            connection = idle.pop() if idle else None
+            connection = take_idle(idle, time.perf_counter())
             kept = await _one(job, recorder, arrived, connection)
             if kept is not None:
                 idle.append(kept)

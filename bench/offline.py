@@ -32,7 +32,6 @@ import io
 import os
 import platform
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,6 +59,7 @@ from bench.report import (
     today,
     write_fragment,
 )
+from infra.local.ports import free_port
 from modelless.config import Settings
 from modelless.dispatch import Dispatcher
 from modelless.metadata.redis import RedisMetadataStore
@@ -152,12 +152,6 @@ def publish(store: RedisMetadataStore, variant: VariantProfile) -> None:
     store.publish_variants(ModelRecord(**{**model.__dict__, "ready": True}), [variant], registration)
     store.create_app(APP, f"bench-{uuid.uuid4().hex}")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextmanager

@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+
+from infra.local.ports import free_port
 
 REDIS_DIR = "redis"  # under the state directory
 # A unix socket's path fits in sun_path: 108 bytes on Linux, its terminating NUL included.
@@ -64,7 +65,7 @@ class EmbeddedRedis:
             listen = ["--port", "0", "--unixsocket", str(socket_path), "--unixsocketperm", "700"]
             url = f"unix://{socket_path}?db=0"
         else:
-            port = _free_port()
+            port = free_port()
             listen = ["--port", str(port)]
             url = f"redis://127.0.0.1:{port}/0"
         command = [
@@ -156,9 +157,3 @@ def _refuse_a_second_server(data_dir: Path) -> None:
             f"or give this one its own --state-dir"
         )
 
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port

@@ -12,10 +12,11 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
-from bench import soak
+from bench import loadgen, soak
 from bench.soak import NO_REPLY, Session, SoakConfig
 from tests.models import linear_model, valset_npz
 
@@ -153,3 +154,30 @@ def test_the_soak_sends_nowhere_but_127_0_0_1(live: tuple[SoakConfig, Session]) 
     elsewhere = dataclasses.replace(session.target, url="http://192.0.2.1:80/v1/online_query")
     with pytest.raises(ValueError, match=r"only to 127\.0\.0\.1"):
         soak.job(elsewhere, "open", 1.0, 1.0, rate=1.0)
+
+
+def test_the_load_generator_never_reuses_a_connection_the_server_may_have_closed() -> None:
+    # The soak's first runs counted a few "no reply" errors per window: requests written on
+    # kept-alive connections idle past the gateway's keep-alive timeout, as it closed them.
+    class Writer:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    def connection(idle_s: float) -> loadgen.Connection:
+        made = loadgen.Connection(cast(Any, None), cast(Any, Writer()))
+        made.used_at = now - idle_s
+        return made
+
+    now = 1000.0
+    stale, older_fresh, fresh = connection(30.0), connection(1.0), connection(0.1)
+    idle = [stale, older_fresh, fresh]  # in order of use, the latest last
+    assert loadgen.take_idle(idle, now) is fresh
+    assert loadgen.take_idle(idle, now) is older_fresh
+    assert loadgen.take_idle(idle, now) is None  # idle past IDLE_REUSE_S: closed, not reused
+    assert idle == [] and cast(Any, stale.writer).closed
+
+    too_old = [connection(loadgen.IDLE_REUSE_S + 0.5), connection(loadgen.IDLE_REUSE_S + 0.1)]
+    assert loadgen.take_idle(too_old, now) is None and too_old == []
+    assert loadgen.take_idle([], now) is None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,15 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.local.ports import free_port
 from modelless.client import Client
 from tests.waiting import scaled, wait_for_process
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @dataclass

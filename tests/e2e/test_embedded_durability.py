@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from infra.local.ports import free_port
 from infra.local.redis_server import find_redis_server
 from modelless.client import Client
-from tests.e2e.conftest import free_port, start_stack
+from tests.e2e.conftest import start_stack
 
 
 def is_redis_server(pid: int) -> bool:

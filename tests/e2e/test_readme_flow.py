@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import numpy as np
 
+from infra.local.ports import free_port
 from modelless.client import Client, ModellessClientError
 from modelless.config import Settings
 from tests.conftest import service_url
-from tests.e2e.conftest import RunningStack, free_port, start_stack
+from tests.e2e.conftest import RunningStack, start_stack
 from tests.models import digits, hidden_model, linear_model, valset_npz
 from tests.waiting import wait_for
 

@@ -5,7 +5,6 @@ about), and closed-loop callers that keep every reply with its timing."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from infra.local.ports import free_port
 from infra.local.stack import LocalStack, ThreadedGateway, start_stack
 from modelless.dispatch.attempts import DEADLINE_GRACE_S
 from modelless.metadata.base import MetadataStore
@@ -34,12 +34,6 @@ BUDGET_MS = 500.0
 CLIENT_SLACK_S = 1.0
 REPLY_BOUND_S = BUDGET_MS / 1000 + DEADLINE_GRACE_S + CLIENT_SLACK_S
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass

@@ -23,10 +23,7 @@ from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key
 from modelless.offline.service import ChildProcessRunner, ThreadLauncher
 from modelless.types import JobStatus, OfflineJob, VariantProfile
-
-# The functional tests' fixtures, used here as they are: a real worker pool, the buckets, the served model.
-from tests.functional.conftest import pool, setup  # noqa: F401
-from tests.functional.offline_fixtures import Buckets, buckets, offline_service, redis_url, served  # noqa: F401
+from tests.functional.offline_fixtures import Buckets, offline_service, redis_url
 from tests.functional.workers_kit import APP
 from tests.waiting import wait_for
 
@@ -42,8 +39,8 @@ INPUTS = 96
 def test_a_killed_runner_child_is_restarted_at_once_and_its_job_completes_exactly_once(
     monkeypatch: pytest.MonkeyPatch,
     redis_store: RedisMetadataStore,
-    buckets: Buckets,  # noqa: F811 (the fixture imported above)
-    served: VariantProfile,  # noqa: F811
+    buckets: Buckets,
+    served: VariantProfile,
 ) -> None:
     keys = buckets.upload_inputs("in/", INPUTS)
     # The child takes its settings from the environment it inherits.

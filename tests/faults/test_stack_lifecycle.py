@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from infra.local.ports import free_port
 from modelless.client import Client
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import CPU_POOL
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
-from tests.faults.stack_kit import free_port
 from tests.functional.workers_kit import APP, ARTIFACT_KEY, make_variant, publish_linear_model, sample_inputs
 from tests.models import linear_model
 from tests.waiting import scaled, wait_for

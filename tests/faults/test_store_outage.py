@@ -32,6 +32,7 @@ import pytest
 import redis
 import uvicorn
 
+from infra.local.ports import free_port
 from infra.local.redis_server import find_redis_server
 from modelless.api import create_app
 from modelless.api.services import build_services
@@ -40,7 +41,7 @@ from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.runtime import npy_bytes
-from tests.faults.stack_kit import BUDGET_MS, QueryLoad, Reply, free_port, served_stack, summary
+from tests.faults.stack_kit import BUDGET_MS, QueryLoad, Reply, served_stack, summary
 from tests.functional.workers_kit import APP, sample_inputs
 from tests.waiting import scaled, wait_for
 

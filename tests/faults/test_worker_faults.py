@@ -119,8 +119,11 @@ def test_a_broken_lambda_container_is_dropped_and_its_query_served_by_another(
             victim = busy.child
             broken_at = time.monotonic()
             os.kill(victim.process.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
-            held = lambda: {c.child.name for c in tier._containers}  # noqa: E731
-            wait_for(lambda: victim.name not in held() or None, 10, "the container dropped")
+            wait_for(
+                lambda: victim.name not in {c.child.name for c in tier._containers} or None,
+                10,
+                "the container dropped",
+            )
             dropped_s = time.monotonic() - broken_at
             wait_for(lambda: len(load.since(broken_at)) >= 20 or None, 30, "queries after the fault")
             replies = load.stop()

@@ -27,6 +27,7 @@ import pytest
 from fastapi.testclient import TestClient
 from onnx import TensorProto, helper, numpy_helper
 
+from infra.local.ports import free_port
 from modelless.api import create_app
 from modelless.api.services import build_services
 from modelless.client import Client
@@ -38,7 +39,6 @@ from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.registration import RegistrationJob, RegistrationService
 from modelless.repository.local import LocalModelRepository
 from modelless.types import RegistrationStatus, TensorSpec
-from tests.e2e.conftest import free_port
 from tests.models import linear_model, valset_npz
 from tests.waiting import scaled, wait_for_process
 

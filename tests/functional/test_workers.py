@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ import pytest
 import modelless.metadata.redis as redis_backend
 import modelless.pools.lambda_local as lambda_local
 import modelless.worker.server as worker_server
+from infra.local.ports import free_port
 from modelless.dispatch import DEADLINE_GRACE_S, Dispatcher, QueryResult
 from modelless.exceptions import (
     ModellessError,
@@ -521,12 +521,6 @@ def test_worker_command_line_refuses_what_it_cannot_serve_with(
     assert exited.value.code == 2
     assert complaint in capsys.readouterr().err
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 def test_worker_binds_every_interface_on_a_fixed_port_and_reports_the_advertised_address(

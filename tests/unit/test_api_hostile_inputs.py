@@ -31,10 +31,14 @@ from modelless import cli
 from modelless.api import create_app
 from modelless.api.services import build_services
 from modelless.client import Client, ModellessClientError
+from modelless.config import Settings
+from modelless.ingest import RegistrationSource
 from modelless.metadata.memory import InMemoryMetadataStore
+from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.registration import RegistrationJob, RegistrationService
 from modelless.repository.local import LocalModelRepository
 from modelless.tensors import example_batch
-from modelless.types import InstanceState, InstanceStats, TensorSpec, WorkerState
+from modelless.types import InstanceState, InstanceStats, RegistrationStatus, TensorSpec, WorkerState
 from tests.models import linear_model, valset_npz
 from tests.unit.test_api import (
     ADMIN,
@@ -132,6 +136,33 @@ def test_a_model_that_cannot_run_on_its_validation_set_is_400_and_nothing_is_sto
     assert error["message"].startswith("the model loads but does not run on the first validation example")
     assert everything(api) == before  # no model, no registration record, no repository object
     assert api.repository.list_keys("") == [] and api.submitted == []
+
+
+def test_where_the_gateway_cannot_run_it_the_registrar_test_runs_it_on_the_validation_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("modelless.ingest.onnxruntime_available", lambda: False)  # the AWS gateway
+    store, repository = InMemoryMetadataStore(), LocalModelRepository(tmp_path / "repo")
+    jobs: list[RegistrationJob] = []
+    service = RegistrationService(store, repository, Settings(), DEFAULT_POOLS, jobs.append)
+    generated: list[str] = []
+    monkeypatch.setattr(
+        service, "_generate_and_profile", lambda model, *_: generated.append(model.model_name)
+    )
+    model, valset = tmp_path / "picky.onnx", tmp_path / "val.npz"
+    model.write_bytes(runs_on_synthetic_inputs_only())
+    valset.write_bytes(valset_npz(50))
+    try:
+        service.register("digits", "picky", RegistrationSource(model, valset))  # accepted unrun
+        [job] = jobs
+        assert job.test_run
+        finished = service.run(job)
+    finally:
+        service.close()
+
+    assert finished.status is RegistrationStatus.FAILED
+    assert finished.message.startswith("the model loads but does not run on the first validation example")
+    assert generated == [] and store.list_models("digits") == [] and repository.list_keys("") == []
 
 
 # --- imported profiles ---------------------------------------------------------------------------

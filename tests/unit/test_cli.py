@@ -268,6 +268,7 @@ def test_parse_workers() -> None:
     args = parse("workers", "--app", "digits")
     assert args.app == "digits"
     assert args.run is cli._cmd_workers
+    assert parse("workers").app is None  # every worker, with the admin key
 
 
 @pytest.mark.parametrize(
@@ -281,7 +282,6 @@ def test_parse_workers() -> None:
         ["query", "--app", "a"],  # no --inputs
         ["query", "--app", "a", "--inputs", "x", "--latency", "fast"],
         ["variants"],
-        ["workers"],
     ],
 )
 def test_parse_refuses_incomplete_commands(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,7 +18,6 @@ from modelless.inputs import (
     body_kind,
     check_batch,
     image_inputs,
-    json_may_hold_booleans,
     npy_inputs,
     npz_inputs,
     query_inputs,
@@ -118,12 +117,6 @@ def test_json_booleans_in_one_of_several_inputs_name_that_input() -> None:
     flagged[1][3] = True
     with pytest.raises(InvalidInputError, match="input 'mask' must be numbers; got a JSON boolean"):
         query_inputs({"ids": ids.tolist(), "mask": flagged}, token_record(), 8)
-
-
-def test_only_a_body_without_true_or_false_is_spared_the_search_for_booleans() -> None:
-    assert not json_may_hold_booleans(b'{"appID": "a", "inputs": [[1, 2.5e3, -0.0]], "accuracy": 0.9}')
-    assert json_may_hold_booleans(b'{"appID": "a", "inputs": [[1, true]]}')
-    assert json_may_hold_booleans(b'{"appID": "falsetto", "inputs": [[1, 2]]}')  # a string, searched
 
 
 @pytest.mark.parametrize(

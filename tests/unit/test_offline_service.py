@@ -208,6 +208,36 @@ def test_the_thread_launcher_runs_jobs_and_its_supervisor_resumes_them(
         launcher.close()
 
 
+def test_a_job_whose_runner_died_unwatched_resumes_within_its_lease_and_one_supervisor_look(
+    store: InMemoryMetadataStore, objects: InMemoryObjectStore
+) -> None:
+    """The supervisor of a deployment's defaults (``offline_resume_every_s``) looks every second:
+    a job freed by its dead runner's lease waits at most that long more."""
+    settings = Settings()
+    service = OfflineService.from_settings(settings, store, DEFAULT_POOLS, objects_factory=lambda: objects)
+    compute = FakeCompute(variant())
+    service.compute = lambda: compute  # type: ignore[method-assign]
+    launcher = service.launcher
+    assert isinstance(launcher, ThreadLauncher)
+    service.launcher = RecordingLauncher()  # submitted, never launched: its runner "died"
+    job = service.submit(spec())
+    lease_s = 0.3
+    assert store.acquire_job_lease(job.job_id, "dead-runner", lease_s)
+    started = time.monotonic()
+    try:
+        launcher.start_supervisor()  # looks at once (the lease is held), then every second
+        wait_for(
+            lambda: store.get_job(job.job_id),
+            10.0,
+            "the job to be taken up again",
+            until=lambda j: j is not None and j.runs == 1,
+        )
+        taken_up_s = time.monotonic() - started
+    finally:
+        launcher.close()
+    assert taken_up_s <= lease_s + settings.offline_resume_every_s + 1.0, taken_up_s
+
+
 # --- S3 events ---------------------------------------------------------------------------------------
 
 
@@ -252,6 +282,10 @@ def test_manifests_name_paths_in_their_own_bucket_or_anywhere() -> None:
         (manifest(accuracy=None), "needs an accuracy target or a modelName"),
         (manifest(extra=1), "unknown fields ['extra']"),
         (manifest(accuracy="high"), "accuracy must be a number"),
+        (manifest(accuracy=10**400), "accuracy must be a number in"),  # float() of it overflows
+        (manifest(accuracy=1.5), "accuracy must be a number in"),
+        (manifest(accuracy=True), "accuracy must be a number"),
+        (manifest(accuracy=float("nan")), "accuracy must be a number in"),
     ],
 )
 def test_bad_manifests_say_why(body: bytes, message: str) -> None:

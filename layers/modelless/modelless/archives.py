@@ -50,10 +50,6 @@ UNREADABLE = (
 Refusal = Callable[[str], ModellessError]
 
 
-def invalid_input(message: str) -> ModellessError:
-    return InvalidInputError(message)
-
-
 def zip_directory_bytes(stream: IO[bytes]) -> int | None:
     """The size of the central directory ``zipfile`` would read from ``stream``, as the archive
     declares it (its zip64 record included); None when there is no end record (not a zip).
@@ -73,7 +69,7 @@ def open_zip(
     source: bytes | Path,
     what: str,
     max_directory_bytes: int = NPZ_DIRECTORY_BYTES,
-    refuse: Refusal = invalid_input,
+    refuse: Refusal = InvalidInputError,
 ) -> zipfile.ZipFile:
     """``source`` opened as a zip, once its declared central directory is found no larger than
     ``max_directory_bytes``; ``refuse`` builds the error for one that is larger. A source that
@@ -98,7 +94,7 @@ def read_npz_member(
     limit: int,
     what: str,
     beyond: str,
-    refuse: Refusal = invalid_input,
+    refuse: Refusal = InvalidInputError,
 ) -> np.ndarray:
     """One ``.npy`` member of an ``.npz`` holding at most ``limit`` bytes of array data: refused
     (``refuse``) when the zip declares it larger unpacked, or its header declares more data,
@@ -117,7 +113,7 @@ def read_npz_member(
 
 
 def read_array(
-    stream: IO[bytes], limit: int, what: str, beyond: str, refuse: Refusal = invalid_input
+    stream: IO[bytes], limit: int, what: str, beyond: str, refuse: Refusal = InvalidInputError
 ) -> np.ndarray:
     """One ``.npy`` array from ``stream``, never unpickled: its header's declared size (shape x
     itemsize) is checked against ``limit`` before anything is allocated (numpy's own loader

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from enum import StrEnum
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -107,19 +108,12 @@ def binary_inputs(kind: BodyKind, body: bytes, model: ModelRecord, max_batch: in
 # --- each form --------------------------------------------------------------------------------
 
 
-def query_inputs(
-    raw: Any, model: ModelRecord, max_batch: int, booleans_possible: bool = True
-) -> np.ndarray:
+def query_inputs(raw: Any, model: ModelRecord, max_batch: int) -> np.ndarray:
     """A JSON query's ``inputs`` (nested lists; or an object of them by input name, which a model
-    with several inputs needs) as the batch ``model`` takes. ``booleans_possible``: False when
-    the body is known to hold no JSON ``true``/``false`` (``json_may_hold_booleans``), which
-    spares the search for them."""
+    with several inputs needs) as the batch ``model`` takes."""
     specs = model.input_specs
     if isinstance(raw, Mapping):
-        arrays = {
-            str(name): _json_array(value, name, booleans_possible=booleans_possible)
-            for name, value in raw.items()
-        }
+        arrays = {str(name): _json_array(value, name) for name, value in raw.items()}
         return check_batch(arrays, model, max_batch)
     if len(specs) > 1:
         raise InvalidInputError(
@@ -127,13 +121,7 @@ def query_inputs(
             f"{{{', '.join(repr(s.name) for s in specs)}: [...]}}",
             expected=[s.name for s in specs],
         )
-    return check_batch(_json_array(raw, None, specs[0], booleans_possible), model, max_batch)
-
-
-def json_may_hold_booleans(body: bytes) -> bool:
-    """Whether a JSON body may hold ``true`` or ``false`` anywhere (False is certain; True may be
-    a string that contains the word): a byte search, far cheaper than looking at every value."""
-    return b"true" in body or b"false" in body
+    return check_batch(_json_array(raw, None, specs[0]), model, max_batch)
 
 
 def npy_inputs(data: bytes, model: ModelRecord, max_batch: int) -> np.ndarray:
@@ -352,11 +340,9 @@ def _check_integral(array: np.ndarray, target: np.dtype, label: str) -> None:
         )
 
 
-def _json_array(
-    raw: Any, name: object, spec: TensorSpec | None = None, booleans_possible: bool = True
-) -> np.ndarray:
+def _json_array(raw: Any, name: object, spec: TensorSpec | None = None) -> np.ndarray:
     label = "inputs" if name is None else f"input {name!r}"
-    if booleans_possible and _holds_boolean(raw):
+    if _holds_boolean(raw):
         # numpy reads true and false as 1 and 0, alone or among numbers: refused, as a string is.
         raise InvalidInputError(
             f"{label} must be numbers; got a JSON boolean (true/false), which is not a number",
@@ -373,16 +359,15 @@ def _json_array(
 
 def _holds_boolean(raw: Any) -> bool:
     """Whether a JSON value (nested lists of numbers) holds ``true`` or ``false`` anywhere. One
-    list at a time: the types of a list's items are gathered by a C loop (``map(type, ...)``)."""
-    pending = [raw]
-    while pending:
-        value = pending.pop()
-        if type(value) is bool:
+    nesting level at a time, each in C: the types of a level's items gathered (``map(type,
+    ...)``), the next level flattened (``chain.from_iterable``); it costs about what numpy's own
+    reading of the lists does. A level that mixes lists and numbers is ragged: numpy refuses it."""
+    level = [raw]
+    while level:
+        kinds = set(map(type, level))
+        if bool in kinds:
             return True
-        if type(value) is list:
-            kinds = set(map(type, value))
-            if bool in kinds:
-                return True
-            if list in kinds:
-                pending.extend(item for item in value if type(item) is list)
+        if kinds != {list}:
+            return False
+        level = list(chain.from_iterable(level))
     return False

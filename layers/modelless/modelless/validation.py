@@ -241,7 +241,7 @@ def read_valset(
         )
 
     try:
-        with open_zip(source, "validation set", refuse=lambda message: InvalidModelError(message)) as archive:
+        with open_zip(source, "validation set", refuse=InvalidModelError) as archive:
             infos = {
                 info.filename.removesuffix(".npy"): info for info in archive.infolist() if not info.is_dir()
             }

@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, cast
+from typing import Any, TypeGuard, cast
 from urllib.parse import parse_qs, unquote_plus, urlsplit, urlunsplit
 
 from aws_lambda_powertools import Logger
@@ -77,6 +77,12 @@ def s3_records(event: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
+def _is_accuracy(value: Any) -> TypeGuard[int | float]:
+    """A JSON number in [0, 1], compared before any conversion: ``float`` of an integer of 400
+    digits raises, and NaN compares false."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+
+
 def refused_manifest_spec(data: bytes, bucket: str) -> JobSpec | None:
     """What a manifest that cannot run says, as far as it says it: enough to record its refusal
     under its app (None when it names no app)."""
@@ -98,9 +104,7 @@ def refused_manifest_spec(data: bytes, bucket: str) -> JobSpec | None:
         app_id=body["appID"],
         input_path=path(body.get("inputPath")),
         output_path=path(body.get("outputPath")),
-        min_accuracy=float(accuracy)
-        if isinstance(accuracy, int | float) and not isinstance(accuracy, bool)
-        else 0.0,
+        min_accuracy=float(accuracy) if _is_accuracy(accuracy) else 0.0,
         model_name=model_name if isinstance(model_name, str) else None,
     )
 
@@ -130,8 +134,8 @@ def parse_manifest(data: bytes, bucket: str) -> JobSpec:
         return value if value.startswith(S3_SCHEME) else f"{S3_SCHEME}{bucket}/{value.lstrip('/')}"
 
     accuracy = body.get("accuracy")
-    if accuracy is not None and (isinstance(accuracy, bool) or not isinstance(accuracy, int | float)):
-        raise InvalidJobError("manifest accuracy must be a number in [0, 1]")
+    if accuracy is not None and not _is_accuracy(accuracy):
+        raise InvalidJobError(f"manifest accuracy must be a number in [0, 1], not {str(accuracy)[:40]}")
     model_name = body.get("modelName")
     if model_name is not None and not isinstance(model_name, str):
         raise InvalidJobError("manifest modelName must be a string")

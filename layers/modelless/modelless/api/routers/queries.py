@@ -25,7 +25,7 @@ from modelless.api.dependencies import KeyDep, ServicesDep
 from modelless.api.schemas import OnlineQuery, QueryAccuracy, QueryLatencyMs, QueryReply
 from modelless.api.services import Services
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
-from modelless.inputs import BodyKind, binary_inputs, body_kind, json_may_hold_booleans, query_inputs
+from modelless.inputs import BodyKind, binary_inputs, body_kind, query_inputs
 from modelless.observability import record_query
 from modelless.types import QueryTargets
 from modelless.validation import MAX_LATENCY_MS, check_name
@@ -156,7 +156,7 @@ def answer_query(
     contract = services.dispatcher.profiles.input_contract(query.appID, query.modelName)
     max_batch = services.settings.max_batch
     if isinstance(query, OnlineQuery):
-        inputs = query_inputs(query.inputs, contract, max_batch, json_may_hold_booleans(body))
+        inputs = query_inputs(query.inputs, contract, max_batch)
     else:
         inputs = binary_inputs(kind, body, contract, max_batch)
     decode_ms = (time.perf_counter() - reading) * 1000
