@@ -14,10 +14,12 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from aws_lambda_powertools import Metrics
 
+from infra.local.redis_server import find_redis_server
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.repository.local import LocalModelRepository
@@ -42,13 +44,32 @@ def fresh_metric_set() -> Iterator[None]:
     Metrics().clear_metrics()
 
 
+def missing_service(required: str, skipped: str) -> NoReturn:
+    """A service a test needs is not here: a failure where scripts/test runs (it provides every
+    one), else a skip."""
+    if os.environ.get("MODELLESS_REQUIRE_SERVICES") == "1":
+        pytest.fail(required)
+    pytest.skip(skipped)
+
+
 def service_url(variable: str) -> str:
     value = os.environ.get(variable)
     if not value:
-        if os.environ.get("MODELLESS_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{variable} is not set: scripts/test starts this service")
-        pytest.skip(f"{variable} not set (run through scripts/test)")
+        missing_service(
+            f"{variable} is not set: scripts/test starts this service",
+            f"{variable} not set (run through scripts/test)",
+        )
     return value
+
+
+def redis_server_binary() -> str:
+    """The redis-server binary, for tests that start (and stop, kill, restart) servers of their
+    own."""
+    binary = find_redis_server()
+    if binary is None:
+        message = "redis-server is not installed (scripts/lib.sh ensure_redis_server_binary)"
+        missing_service(message, message)
+    return binary
 
 
 @pytest.fixture

@@ -5,16 +5,13 @@ with it, and refuses to start on a store that lost them."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from infra.local.ports import free_port
-from infra.local.redis_server import find_redis_server
 from modelless.client import Client
+from tests.conftest import redis_server_binary
 from tests.e2e.conftest import start_stack
 
 
@@ -26,11 +23,7 @@ def is_redis_server(pid: int) -> bool:
 
 
 def test_auto_keeps_apps_across_restarts_and_refuses_an_emptied_store(tmp_path: Path) -> None:
-    if find_redis_server() is None:
-        message = "redis-server is not installed (scripts/lib.sh ensure_redis_server_binary)"
-        if os.environ.get("MODELLESS_REQUIRE_SERVICES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    redis_server_binary()
     state_dir = tmp_path / "state"
     first = start_stack(state_dir, "auto", workers=1)
     try:

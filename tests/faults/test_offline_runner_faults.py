@@ -22,6 +22,7 @@ import pytest
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key
 from modelless.offline.service import ChildProcessRunner, ThreadLauncher
+from modelless.pools.local import LocalWorkerPool
 from modelless.types import JobStatus, OfflineJob, VariantProfile
 from tests.functional.offline_fixtures import Buckets, offline_service, redis_url
 from tests.functional.workers_kit import APP
@@ -105,3 +106,48 @@ def test_a_killed_runner_child_is_restarted_at_once_and_its_job_completes_exactl
     assert set(results) == {output_key("in/", "out/", k) for k in keys}
     assert set(results.values()) == {1}, {k: n for k, n in results.items() if n > 1}
     assert versions[summary_key("out/", job.job_id)] == 1 and len(versions) == INPUTS + 1
+
+
+def test_an_offline_job_whose_worker_is_killed_goes_on_on_its_replacement(
+    monkeypatch: pytest.MonkeyPatch,
+    redis_store: RedisMetadataStore,
+    buckets: Buckets,
+    served: VariantProfile,
+    pool: LocalWorkerPool,
+) -> None:
+    """The pool's only worker dies mid-job: the pool starts another by itself and the job, with
+    nobody restarting anything, completes on it, every result written once."""
+    keys = buckets.upload_inputs("in/", INPUTS)
+    monkeypatch.setenv("MODELLESS_OFFLINE_MAX_BATCH", "1")
+    pool.supervise(on_unhealthy=redis_store.remove_worker)
+    [victim] = pool.workers().items()
+    service = offline_service(redis_store, offline_max_batch=1)
+    runner = ChildProcessRunner(redis_url(redis_store), store=redis_store)
+    service.launcher = ThreadLauncher(runner, service.resumable)
+    try:
+        job = service.submit(JobSpec(APP, f"s3://{buckets.data}/in/", f"s3://{buckets.data}/out/", 0.5))
+        wait_for(lambda: redis_store.job_progress(job.job_id)[0] > 0, 60.0, "the job's first results")
+        done_at_kill = redis_store.job_progress(job.job_id)[0]
+        victim[1].process.kill()
+        killed_at = time.monotonic()
+        assert done_at_kill < INPUTS, "the job finished before its worker could be killed"
+        wait_for(lambda: pool.replacements or None, 10.0, "the pool to replace its worker")
+        finished = wait_for(
+            lambda: redis_store.get_job(job.job_id),
+            120.0,
+            "the job to complete",
+            until=lambda j: j is not None and j.status is not JobStatus.RUNNING,
+        )
+        completed_s = time.monotonic() - killed_at
+    finally:
+        service.close()
+    measured = {"inputs": INPUTS, "done_at_kill": done_at_kill, "kill_to_completed_s": round(completed_s, 2)}
+    print(f"\nFAULT offline-worker-killed: {json.dumps(measured)}")
+    assert finished is not None and finished.status is JobStatus.COMPLETED, finished
+    assert (finished.done, finished.errors) == (INPUTS, 0)
+    assert pool.replacements[0].worker_id == victim[0]
+    assert set(pool.workers()) - {victim[0]}, "no worker serves the pool any more"
+    versions = buckets.versions("out/")
+    results = {k: n for k, n in versions.items() if k.endswith(RESULT_SUFFIX)}
+    assert set(results) == {output_key("in/", "out/", k) for k in keys}
+    assert set(results.values()) == {1}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -33,7 +32,6 @@ import redis
 import uvicorn
 
 from infra.local.ports import free_port
-from infra.local.redis_server import find_redis_server
 from modelless.api import create_app
 from modelless.api.services import build_services
 from modelless.config import Settings
@@ -41,6 +39,7 @@ from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.runtime import npy_bytes
+from tests.conftest import redis_server_binary
 from tests.faults.stack_kit import BUDGET_MS, QueryLoad, Reply, served_stack, summary
 from tests.functional.workers_kit import APP, sample_inputs
 from tests.waiting import scaled, wait_for
@@ -58,13 +57,7 @@ class RedisProcess:
     fsynced on every write (a SIGKILL loses nothing), that the test stops, kills and restarts."""
 
     def __init__(self, directory: Path) -> None:
-        binary = find_redis_server()
-        if binary is None:
-            message = "redis-server is not installed (scripts/lib.sh ensure_redis_server_binary)"
-            if os.environ.get("MODELLESS_REQUIRE_SERVICES") == "1":
-                pytest.fail(message)
-            pytest.skip(message)
-        self.binary = binary
+        self.binary = redis_server_binary()
         self.directory = directory
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"

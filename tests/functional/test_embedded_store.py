@@ -7,7 +7,6 @@ redis-server to be found the stack says, loudly, that it keeps nothing."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import uuid
 from collections.abc import Iterator
@@ -17,23 +16,17 @@ import pytest
 import redis
 
 import infra.local.stack as stack_module
-from infra.local.redis_server import EmbeddedRedis, EmbeddedRedisError, find_redis_server
+from infra.local.redis_server import EmbeddedRedis, EmbeddedRedisError
 from infra.local.stack import open_checked_store, resolve_metadata_url
 from infra.local.store_epoch import EPOCH_FILE
 from modelless.exceptions import StoreEmptiedError
 from modelless.metadata.redis import RedisMetadataStore
-from tests.conftest import service_url
+from tests.conftest import redis_server_binary, service_url
 
 
 @pytest.fixture
 def redis_binary() -> str:
-    binary = find_redis_server()
-    if binary is None:
-        message = "redis-server is not installed (scripts/lib.sh ensure_redis_server_binary)"
-        if os.environ.get("MODELLESS_REQUIRE_SERVICES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
+    return redis_server_binary()
 
 
 @pytest.fixture

@@ -36,6 +36,10 @@ VALSET_UNPACK_FACTOR = 4
 # Variables of the Lambda runtime a setting falls back to (read with the MODELLESS_* ones).
 LAMBDA_FUNCTION_NAME = "AWS_LAMBDA_FUNCTION_NAME"
 
+# How long after a good read the gateway may answer for the metadata store while it is unreachable
+# (``Settings.stale_cache_max_age_s``; the caches' own default where none is given).
+STALE_CACHE_MAX_AGE_S = 300.0
+
 
 class _EnvSettings(BaseSettings):
     """What both settings objects share: the ``MODELLESS_`` prefix, immutability, and errors that
@@ -98,7 +102,7 @@ class Settings(_EnvSettings):
     metadata_connect_timeout_s: float = Field(default=1.0, gt=0)
     # During an outage the gateway answers the apps it knows from its last good reads of their API
     # keys, profiles and workers, each for at most this long after it was read (0: never).
-    stale_cache_max_age_s: float = Field(default=300.0, ge=0)
+    stale_cache_max_age_s: float = Field(default=STALE_CACHE_MAX_AGE_S, ge=0)
     # The marker the store must hold (the embedded stack writes one and sets this); a store
     # without it was emptied since: /health/ready answers 503 store_emptied. Empty: not checked.
     metadata_epoch: str = ""

@@ -63,7 +63,11 @@ def create_app(services: Services) -> FastAPI:
 
     @app.exception_handler(ModellessError)
     async def domain_error(_: Request, error: ModellessError) -> JSONResponse:
-        if error.status_code >= 500:
+        if isinstance(error, ServiceUnavailableError):
+            # Retryable and expected while a part heals (a store outage answers every request
+            # so): a warning, not an error per request; the failing part logs its own outage.
+            logger.warning("request refused for now", extra={"error": error.to_dict()})
+        elif error.status_code >= 500:
             logger.error("request failed", extra={"error": error.to_dict()})
         return _error_response(error)
 

@@ -58,6 +58,7 @@ def build_services(
         lambda_tier,
         cache_ttl_s=settings.profile_cache_ttl_s,
         extra_workers=extra_workers,
+        stale_max_age_s=settings.stale_cache_max_age_s,
     )
     # In AWS the registrar function generates and profiles variants; else a thread of this process.
     launcher = (

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from modelless.config import get_settings
+from modelless.config import STALE_CACHE_MAX_AGE_S
 from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.base import MetadataStore
 from modelless.monitoring import OVERLOADED_QUEUE, saturated_queue
@@ -63,17 +63,14 @@ class LiveView:
         store: MetadataStore,
         ttl_s: float = LIVE_STATE_TTL_S,
         extra_workers: Callable[[], list[WorkerState]] | None = None,
-        stale_max_age_s: float | None = None,
+        stale_max_age_s: float = STALE_CACHE_MAX_AGE_S,
     ) -> None:
         """``extra_workers``: state not kept in the store, e.g. the local Lambda tier's warm
         containers, read on every decision. ``stale_max_age_s``: how old a snapshot may be to
-        stand in for the store while it is unreachable (``Settings.stale_cache_max_age_s``
-        unless given)."""
+        stand in for the store while it is unreachable."""
         self._store = store
         self._ttl_s = ttl_s
-        self._stale_max_age_s = (
-            get_settings().stale_cache_max_age_s if stale_max_age_s is None else stale_max_age_s
-        )
+        self._stale_max_age_s = stale_max_age_s
         self._extra_workers = extra_workers
         self._snapshots: dict[str, _Snapshot] = {}  # app -> its last read of the live state
         # One lock over this gateway's own state laid over the reports.

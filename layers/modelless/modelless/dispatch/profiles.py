@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TypeVar
 
-from modelless.config import get_settings
+from modelless.config import STALE_CACHE_MAX_AGE_S
 from modelless.exceptions import NotFoundError, StoreUnavailableError
 from modelless.metadata.base import MetadataStore
 from modelless.selection import Candidates
@@ -42,15 +42,13 @@ class _CacheEntry:
 
 class ProfileCache:
     def __init__(
-        self, store: MetadataStore, ttl_s: float = 60.0, stale_max_age_s: float | None = None
+        self, store: MetadataStore, ttl_s: float = 60.0, stale_max_age_s: float = STALE_CACHE_MAX_AGE_S
     ) -> None:
         """``stale_max_age_s``: how long after a read it may answer for the store while the store
-        is unreachable; the process's ``Settings.stale_cache_max_age_s`` unless given."""
+        is unreachable."""
         self._store = store
         self._ttl_s = ttl_s
-        self._stale_max_age_s = (
-            get_settings().stale_cache_max_age_s if stale_max_age_s is None else stale_max_age_s
-        )
+        self._stale_max_age_s = stale_max_age_s
         self._by_target: dict[tuple[str, str | None, float], _CacheEntry] = {}
         self._by_app: dict[str, _CacheEntry] = {}  # app -> all its profiles, parsed once
         self._contracts: dict[tuple[str, str | None], tuple[float, ModelRecord]] = {}  # (read at, model)

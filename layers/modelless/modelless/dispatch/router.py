@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from aws_lambda_powertools import Logger
 
+from modelless.config import STALE_CACHE_MAX_AGE_S
 from modelless.dispatch.attempts import MAX_INVOKE_TIMEOUT_S, Attempts
 from modelless.dispatch.live_view import LIVE_STATE_TTL_S, LiveView
 from modelless.dispatch.profiles import ProfileCache
@@ -62,20 +63,23 @@ class Dispatcher:
         extra_workers: Callable[[], list[WorkerState]] | None = None,
         live_state_ttl_s: float = LIVE_STATE_TTL_S,
         lambda_state: Callable[[], LambdaTierState] | None = None,
+        stale_max_age_s: float = STALE_CACHE_MAX_AGE_S,
     ) -> None:
         """``lambda_state``: the Lambda tier's idle containers and expected cold start, read on
         every decision; by default the tier's own ``tier_state`` where it has one (the local
         tier). Without it (AWS: nothing tells which containers are warm) the tier is taken as
         warm, which provisioned concurrency makes true. ``extra_workers``: state not kept in the
-        store, e.g. the local Lambda tier's warm containers."""
+        store, e.g. the local Lambda tier's warm containers. ``stale_max_age_s``: how long after
+        a good read the profiles and the live state may answer for the store while it is
+        unreachable (``Settings.stale_cache_max_age_s``)."""
         self._store = store
         self._policy = policy
         self._has_lambda_tier = lambda_tier is not None
         if lambda_state is None:
             lambda_state = getattr(lambda_tier, "tier_state", None)
         self._lambda_state = lambda_state
-        self.profiles = ProfileCache(store, cache_ttl_s)
-        self.live_view = LiveView(store, live_state_ttl_s, extra_workers)
+        self.profiles = ProfileCache(store, cache_ttl_s, stale_max_age_s)
+        self.live_view = LiveView(store, live_state_ttl_s, extra_workers, stale_max_age_s)
         self.attempts = Attempts(workers, lambda_tier, self.live_view, self._redecide)
         self._query_load = QueryLoadCounter()
         self._warming: set[str] = set()

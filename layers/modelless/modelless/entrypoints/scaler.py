@@ -76,6 +76,9 @@ class ScalerFunction:
             unit=MetricUnit.Count,
             value=sum(sum(short.values()) for short in shortfall.values()),
         )
+        # Instances handed to their group for replacement (their worker went silent).
+        replaced = sum(len(ids) for ids in report.healed.values())
+        metrics.add_metric(name="WorkersReplaced", unit=MetricUnit.Count, value=replaced)
         logger.info("scaling tick", extra=summary)
         return summary
 
