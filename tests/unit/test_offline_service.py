@@ -1050,7 +1050,7 @@ def test_closing_a_child_runner_stops_its_child_without_starting_another(tmp_pat
     reports: list[Any] = []
     thread = threading.Thread(target=lambda: reports.append(runner("job-1")))
     thread.start()
-    wait_for(lambda: runner.pid_of("job-1") and store.owners(), 10.0, "the child to start its run")
+    wait_for(lambda: (runner.pid_of("job-1") and store.owners()) or None, 10.0, "the child to start its run")
 
     runner.close()
     thread.join(timeout=30)
