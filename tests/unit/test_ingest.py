@@ -449,7 +449,9 @@ def memory_hog(columns: int) -> onnx.ModelProto:
 
 
 def test_a_test_run_past_the_childs_memory_is_refused_not_granted(tmp_path: Path) -> None:
-    source = save(memory_hog(columns=2**27), tmp_path / "m.onnx")  # 512 MiB for one row
+    # 1 GiB for one row: past the 768 MiB allowance by itself, whatever the child's own address
+    # space (with 512 MiB a row, batch 1 sometimes fit beside it and batch 2 was refused instead).
+    source = save(memory_hog(columns=2**28), tmp_path / "m.onnx")
     val = valset(tmp_path / "val.npz", rows=2, inputs=np.ones((2, 1), np.float32))
     limits = Limits(LIMITS.model_bytes, LIMITS.valset_bytes, memory_bytes=768 * 1024 * 1024)
 
@@ -458,7 +460,7 @@ def test_a_test_run_past_the_childs_memory_is_refused_not_granted(tmp_path: Path
 
     assert "does not run on the first validation example" in refused.value.message
     # The same model within a larger allowance runs: the refusal was the limit's doing.
-    roomy = Limits(LIMITS.model_bytes, LIMITS.valset_bytes, memory_bytes=3 * 1024**3)
+    roomy = Limits(LIMITS.model_bytes, LIMITS.valset_bytes, memory_bytes=5 * 1024**3)
     assert ingest_in_child(IngestRequest(source, val, tmp_path / "roomy", roomy)).tested
 
 
