@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from modelless.archives import UNREADABLE, open_zip, read_npz_member
-from modelless.archives import read_npy as read_npy  # the worker hop reads its .npy here too
+from modelless.archives import UNREADABLE, open_zip, read_npy, read_npz_member
 from modelless.exceptions import InvalidInputError, UnsupportedMediaTypeError, first_line
 from modelless.tensors import from_feeds, is_structured
 from modelless.types import ModelRecord, TensorSpec

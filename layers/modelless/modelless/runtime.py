@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from modelless.archives import read_npy
 from modelless.exceptions import InvalidInputError
-from modelless.inputs import read_npy
 from modelless.repository.base import ModelRepository, fetch_to_cache
 from modelless.tensors import to_feeds
 from modelless.types import VariantProfile

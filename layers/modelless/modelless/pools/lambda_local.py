@@ -114,7 +114,6 @@ class LocalLambdaTier:
         # one is killed and dropped, and the invocation it held fails over to another container.
         self._watch = ProcessWatch(self._children, self._judged, self._recovered, health or CONTAINER_HEALTH)
         self._watch.start("lambda-tier-health")
-        self.discarded: list[tuple[str, Verdict]] = []  # containers the watch dropped, and why
 
     def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         # One deadline for the whole invocation: the wait for a container, a cold start, the run.
@@ -279,7 +278,6 @@ class LocalLambdaTier:
                 container.suspect = True
                 return
             self._containers.remove(container)
-            self.discarded.append((name, verdict))
             self._cond.notify()
         # Killed, not stopped: a hung process would not act on SIGTERM. An invocation it held
         # sees its connection fail and the dispatcher tries another container.
