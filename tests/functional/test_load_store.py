@@ -34,3 +34,12 @@ def test_an_empty_flush_writes_nothing_and_old_seconds_are_dropped(any_store: An
     assert any_store.recent_load(LOAD_RETENTION_S, 100 + LOAD_RETENTION_S + 6) == pytest.approx(
         {"g": 1 / LOAD_RETENTION_S}
     )
+
+
+def test_the_load_series_gives_each_past_second_oldest_first(any_store: Any) -> None:
+    any_store.add_load({"g1": 30, "g2": 5}, 9_998)
+    any_store.add_load({"g1": 10}, 9_999)
+    any_store.add_load({"g1": 1000}, 10_000)  # the current second: not yet complete
+    series = any_store.load_series(4, 10_000.5)
+    assert series == {"g1": [0, 0, 30, 10], "g2": [0, 0, 5, 0]}
+    assert any_store.recent_load(4, 10_000.5) == pytest.approx({"g1": 10.0, "g2": 1.25})

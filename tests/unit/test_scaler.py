@@ -93,7 +93,9 @@ def test_the_hold_lets_scale_up_through_and_holds_scale_down() -> None:
 
 def test_load_scales_the_pool_up_then_down_after_the_hold(store: InMemoryMetadataStore) -> None:
     provider = FakeProvider({"cpu": 1})
-    config = ScalerConfig(window_s=10, slack=0.0, min_hold_s=30, max_workers={"cpu": 8})
+    config = ScalerConfig(
+        window_s=10, slack=0.0, min_hold_s=30, max_workers={"cpu": 8}, provision_for_envelope=False
+    )
     scaler = Scaler(store, provider, DEFAULT_POOLS, config)
 
     # One 1-thread instance serves 500 q/s at batch 1 (2 ms); a worker holds one of a variant.
@@ -148,7 +150,12 @@ def test_each_tick_has_the_pools_heal_and_reports_what_was_replaced(store: InMem
 def test_an_instance_the_plan_drops_is_kept_loaded_for_the_hold(store: InMemoryMetadataStore) -> None:
     provider = FakeProvider({"cpu": 1})
     config = ScalerConfig(
-        window_s=10, slack=0.0, min_hold_s=30, min_workers={"cpu": 1}, max_workers={"cpu": 2}
+        window_s=10,
+        slack=0.0,
+        min_hold_s=30,
+        min_workers={"cpu": 1},
+        max_workers={"cpu": 2},
+        provision_for_envelope=False,
     )
     scaler = Scaler(store, provider, DEFAULT_POOLS, config)
     variant_id = profile("fast", "cpu", 2.0).variant_id
@@ -174,7 +181,9 @@ def test_workers_that_do_not_report_yet_are_starting_and_the_plan_bridges_them(
     store: InMemoryMetadataStore,
 ) -> None:
     provider = FakeProvider({"cpu": 3})  # three asked for, one of them running (it reports)
-    config = ScalerConfig(window_s=10, slack=0.0, max_workers={"cpu": 8}, worker_startup_s=45.0)
+    config = ScalerConfig(
+        window_s=10, slack=0.0, max_workers={"cpu": 8}, worker_startup_s=45.0, provision_for_envelope=False
+    )
     scaler = Scaler(store, provider, DEFAULT_POOLS, config)
     base = int(time.time())
     store.put_worker_state(WorkerState("cpu-0", "cpu", "http://w", 0.0, 1, time.time(), ()))

@@ -272,7 +272,10 @@ def test_a_30_s_spike_is_followed_while_it_lasts_and_released_after_the_hold(
     store = scaler_store
     clock = FakeClock(T + 0.3)
     provider = FakeProvider({"cpu": 0})
-    config = ScalerConfig(window_s=10, slack=0.0, min_hold_s=30, max_workers={"cpu": 8})
+    # The mean and INFaaS's hold, not the envelope (which remembers the spike for its history).
+    config = ScalerConfig(
+        window_s=10, slack=0.0, min_hold_s=30, max_workers={"cpu": 8}, provision_for_envelope=False
+    )
     scaler = Scaler(store, provider, DEFAULT_POOLS, config)
     reports: list[ScalingReport] = []
 

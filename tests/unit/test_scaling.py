@@ -410,11 +410,14 @@ def test_negative_slack_or_load_cost_weight_is_rejected() -> None:
 def test_a_missed_time_limit_still_returns_a_valid_plan() -> None:
     problem = make_problem(60, seed=1)
     plan = solve_exact(problem, time_limit_s=0.01)
-    assert plan.status in (PlanStatus.TIME_LIMIT, PlanStatus.OPTIMAL)
-    if plan.status is PlanStatus.TIME_LIMIT:
+    assert plan.status in (PlanStatus.TIME_LIMIT, PlanStatus.OPTIMAL, PlanStatus.INFEASIBLE_PARTIAL)
+    if plan.status is not PlanStatus.OPTIMAL:
         assert any("time limit" in note for note in plan.notes)
+    if plan.status is PlanStatus.INFEASIBLE_PARTIAL:  # no plan in time: what runs now holds
+        assert any("holding plan" in note for note in plan.notes)
+    else:
+        assert plan.unmet_qps == {}
     assert violations(problem, plan) == []
-    assert plan.unmet_qps == {}
 
 
 def test_one_instance_per_worker_limits_copies_without_changing_what_an_instance_costs() -> None:

@@ -20,6 +20,11 @@ WORKER_STALE_AFTER_S = 3.0
 LOAD_RETENTION_S = 120
 
 
+def mean_load(series: dict[str, list[int]], window_s: int) -> dict[str, float]:
+    """Queries per second per group over a ``load_series`` of ``window_s`` seconds."""
+    return {group: sum(counts) / window_s for group, counts in series.items()}
+
+
 class JobSave(StrEnum):
     """What became of a runner's write of its job's record (``OfflineJobStore.save_job``)."""
 
@@ -185,6 +190,10 @@ class MetadataStore(OfflineJobStore, Protocol):
 
     def recent_load(self, window_s: int, now: float) -> dict[str, float]:
         """Queries per second per group key over the last ``window_s`` whole seconds."""
+
+    def load_series(self, window_s: int, now: float) -> dict[str, list[int]]:
+        """Queries per group key in each of the last ``window_s`` whole seconds, oldest first
+        (groups with no query in them left out): the arrival envelope's input."""
 
     # --- live worker state ----------------------------------------------------------------------
     def put_worker_state(self, state: WorkerState) -> None: ...

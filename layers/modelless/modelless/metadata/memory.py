@@ -8,7 +8,13 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from modelless.exceptions import ConflictError
-from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S, IdempotentRequest, JobSave
+from modelless.metadata.base import (
+    LOAD_RETENTION_S,
+    WORKER_STALE_AFTER_S,
+    IdempotentRequest,
+    JobSave,
+    mean_load,
+)
 from modelless.types import JobStatus, ModelRecord, OfflineJob, Registration, VariantProfile, WorkerState
 
 
@@ -138,13 +144,16 @@ class InMemoryMetadataStore:
                 del self._load[old]
 
     def recent_load(self, window_s: int, now: float) -> dict[str, float]:
+        return mean_load(self.load_series(window_s, now), window_s)
+
+    def load_series(self, window_s: int, now: float) -> dict[str, list[int]]:
         last = int(now) - 1  # the current second is still being counted
-        totals: dict[str, float] = {}
+        series: dict[str, list[int]] = {}
         with self._lock:
-            for second in range(last - window_s + 1, last + 1):
+            for position, second in enumerate(range(last - window_s + 1, last + 1)):
                 for group, count in self._load.get(second, {}).items():
-                    totals[group] = totals.get(group, 0.0) + count
-        return {group: total / window_s for group, total in totals.items()}
+                    series.setdefault(group, [0] * window_s)[position] += count
+        return series
 
     def put_worker_state(self, state: WorkerState) -> None:
         with self._lock:

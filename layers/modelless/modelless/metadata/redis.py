@@ -28,7 +28,13 @@ from redis.retry import Retry
 
 from modelless.config import get_settings
 from modelless.exceptions import ConflictError, StoreUnavailableError, first_line
-from modelless.metadata.base import LOAD_RETENTION_S, WORKER_STALE_AFTER_S, IdempotentRequest, JobSave
+from modelless.metadata.base import (
+    LOAD_RETENTION_S,
+    WORKER_STALE_AFTER_S,
+    IdempotentRequest,
+    JobSave,
+    mean_load,
+)
 from modelless.metadata.keys import KeySpace
 from modelless.types import JobStatus, ModelRecord, OfflineJob, Registration, VariantProfile, WorkerState
 
@@ -330,16 +336,19 @@ class RedisMetadataStore:
             pipe.execute()
 
     def recent_load(self, window_s: int, now: float) -> dict[str, float]:
+        return mean_load(self.load_series(window_s, now), window_s)
+
+    def load_series(self, window_s: int, now: float) -> dict[str, list[int]]:
         last = int(now) - 1  # the current second is still being counted
         with self._redis.pipeline(transaction=False) as pipe:
             for second in range(last - window_s + 1, last + 1):
                 pipe.hgetall(self.keys.load(second))
             buckets = pipe.execute()
-        totals: dict[str, float] = {}
-        for bucket in buckets:
+        series: dict[str, list[int]] = {}
+        for position, bucket in enumerate(buckets):
             for group, count in bucket.items():
-                totals[group.decode()] = totals.get(group.decode(), 0.0) + int(count)
-        return {group: total / window_s for group, total in totals.items()}
+                series.setdefault(group.decode(), [0] * window_s)[position] += int(count)
+        return series
 
     def list_workers(self, pool: str | None = None) -> list[WorkerState]:
         return _live(self._parse_workers(self._redis.hvals(self.keys.workers())), pool)

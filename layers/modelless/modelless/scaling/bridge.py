@@ -61,6 +61,15 @@ class Bridge:
 
 def capacity_now(problem: ScalingProblem) -> dict[str, float]:
     """Group -> QPS the instances running now can serve, their time split by an LP (above)."""
+    served: dict[str, float] = {}
+    for (_, group), qps in split_now(problem).items():
+        served[group] = served.get(group, 0.0) + qps
+    return served
+
+
+def split_now(problem: ScalingProblem) -> dict[tuple[str, str], float]:
+    """(variant id, group) -> QPS the instances running now serve, by the LP of
+    :func:`capacity_now`: no group gets more than its need, no instance more than its time."""
     needs = {g.id: problem.need(g) for g in problem.groups}
     prices = [problem.lambda_price(g) for g in problem.groups]
     dearest = max((p for p in prices if p is not None), default=1.0) or 1.0
@@ -69,6 +78,7 @@ def capacity_now(problem: ScalingProblem) -> dict[str, float]:
         for g, price in zip(problem.groups, prices, strict=True)
     }
     columns: list[tuple[int, str, float]] = []  # (variant row, group, Q)
+    owners: list[str] = []  # the variant id of each column
     limits: list[float] = []
     for variant in problem.variants:
         pairs = [(g, q) for g, q in variant.saturation_qps.items() if q > 0 and needs.get(g, 0.0) > EPS]
@@ -77,6 +87,7 @@ def capacity_now(problem: ScalingProblem) -> dict[str, float]:
         row = len(limits)
         limits.append(float(variant.running))
         columns.extend((row, g, q) for g, q in pairs)
+        owners.extend(variant.id for _ in pairs)
     if not columns:
         return {}
     group_rows = {g: len(limits) + i for i, g in enumerate(sorted({g for _, g, _ in columns}))}
@@ -97,10 +108,11 @@ def capacity_now(problem: ScalingProblem) -> dict[str, float]:
     )
     if result.status != 0:  # never expected: x = 0 is feasible and the LP is bounded
         return {}
-    served: dict[str, float] = {}
-    for value, (_, group, q) in zip(result.x, columns, strict=True):
-        served[group] = served.get(group, 0.0) + float(value) * q
-    return {g: min(qps, needs[g]) for g, qps in served.items()}
+    split: dict[tuple[str, str], float] = {}
+    for value, (_, group, q), owner in zip(result.x, columns, owners, strict=True):
+        if value * q > EPS:
+            split[(owner, group)] = split.get((owner, group), 0.0) + float(value) * q
+    return split
 
 
 def start_up_bridge(

@@ -14,22 +14,24 @@ dispatcher spills what the pools cannot take to the Lambda tier.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from modelless.metadata.base import MetadataStore
 from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.pools.provider import PoolProvider
 from modelless.query_load import QueryGroup
+from modelless.scaling.envelope import Provisioning, provision
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.problem import (
     ScalingGroup,
     ScalingPlan,
     ScalingProblem,
     ScalingVariant,
-    lambda_price_per_query,
+    lambda_option,
     one_instance_per_worker,
     pool_from_spec,
     variant_from_profile,
@@ -54,6 +56,12 @@ class ScalerConfig:
     one_instance_per_worker: bool = True
     worker_startup_s: float = 60.0  # an EC2 worker, from the Auto Scaling call to serving
     horizon_s: float = 60.0  # how long a plan holds (the bridge's one-off cost is spread over it)
+    # Provision each group for its arrival envelope (modelless.scaling.envelope) over the last
+    # envelope_history_s seconds, not for its mean alone; False: the mean (INFaaS).
+    provision_for_envelope: bool = True
+    envelope_history_s: int = 60
+    # Lambda's account concurrency the online tier may hold (None: no limit in the program).
+    lambda_concurrency: float | None = 1000.0
 
 
 class ScaleDownHold:
@@ -83,6 +91,7 @@ class Snapshot:
     load: dict[str, float]
     profiles: dict[str, VariantProfile]
     running: dict[str, dict[str, int]]
+    provisioned: dict[str, Provisioning] = field(default_factory=dict)  # group -> its envelope
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,7 @@ class ScalingReport:
     workers: dict[str, int]  # pool -> workers asked for after this tick
     held: dict[str, tuple[int, int]]  # pool -> (kept, planned) where scale-down is on hold
     healed: dict[str, list[str]] = field(default_factory=dict)  # pool -> workers replaced
+    provisioned_qps: dict[str, float] = field(default_factory=dict)  # group -> what it was planned for
 
     def summary(self) -> dict[str, object]:
         return {
@@ -100,6 +110,7 @@ class ScalingReport:
             "solve_ms": round(self.plan.solve_seconds * 1000, 1),
             "cost_per_hour": round(self.plan.cost_per_second * 3600, 4),
             "load_qps": {g: round(q, 2) for g, q in self.load_qps.items()},
+            "provisioned_qps": {g: round(q, 2) for g, q in self.provisioned_qps.items()},
             "workers": self.workers,
             "held": {p: {"kept": k, "planned": w} for p, (k, w) in self.held.items()},
             "healed": self.healed,
@@ -157,17 +168,18 @@ class Scaler:
                 in_pool[instance.variant_id] = in_pool.get(instance.variant_id, 0) + 1
 
         managed = {spec.name: spec for spec in self.managed_pools()}
-        scaling_groups = [
-            ScalingGroup(
-                id=key,
-                load_qps=load[key],
-                latency_budget_ms=group.latency_ms,
-                lambda_price_per_query=lambda_price_per_query(
-                    (v for v in candidates if self._is_lambda(v.pool)), group.latency_ms
-                ),
+        scaling_groups = []
+        for key, (group, candidates) in groups.items():
+            option = lambda_option((v for v in candidates if self._is_lambda(v.pool)), group.latency_ms)
+            scaling_groups.append(
+                ScalingGroup(
+                    id=key,
+                    load_qps=load[key],
+                    latency_budget_ms=group.latency_ms,
+                    lambda_price_per_query=None if option is None else option[0],
+                    lambda_seconds_per_query=0.0 if option is None else option[1],
+                )
             )
-            for key, (group, candidates) in groups.items()
-        ]
         by_id = {g.id: g for g in scaling_groups}
         eligible: dict[str, tuple[VariantProfile, list[ScalingGroup]]] = {}
         for key, (_, candidates) in groups.items():
@@ -203,9 +215,42 @@ class Scaler:
             slack=self._config.slack,
             load_cost_weight=self._config.load_cost_weight,
             horizon_s=self._config.horizon_s,
+            lambda_concurrency=self._config.lambda_concurrency,
         )
+        provisioned: dict[str, Provisioning] = {}
+        if self._config.provision_for_envelope and scaling_groups:
+            problem, provisioned = self._for_envelope(problem, now)
         profiles = {variant.id: eligible[variant.id][0] for variant in variants}
-        return Snapshot(problem, load, profiles, {pool: dict(v) for pool, v in running_in.items()})
+        running_now = {pool: dict(v) for pool, v in running_in.items()}
+        return Snapshot(problem, load, profiles, running_now, provisioned)
+
+    def _for_envelope(
+        self, problem: ScalingProblem, now: float
+    ) -> tuple[ScalingProblem, dict[str, Provisioning]]:
+        """``problem`` with each group's load raised to its envelope (modelless.scaling.envelope)."""
+        series = self._store.load_series(self._config.envelope_history_s, now)
+        cheapest: dict[str, float] = {}  # group -> $/s per QPS on its cheapest variant
+        for variant in problem.variants:
+            price = problem.instance_price(variant)
+            for group_id, q in variant.saturation_qps.items():
+                if q > 0 and problem.per_worker(variant) > 0:
+                    cheapest[group_id] = min(cheapest.get(group_id, math.inf), price / q)
+        concurrency = self._config.lambda_concurrency
+        provisioned: dict[str, Provisioning] = {}
+        groups = []
+        for group in problem.groups:
+            seconds = group.lambda_seconds_per_query
+            found = provision(
+                series.get(group.id, []),
+                group.load_qps,
+                cheapest.get(group.id),
+                group.lambda_price_per_query,
+                lead_s=self._config.worker_startup_s,
+                lambda_qps_limit=None if concurrency is None or seconds <= 0 else concurrency / seconds,
+            )
+            provisioned[group.id] = found
+            groups.append(replace(group, load_qps=found.load_qps))
+        return replace(problem, groups=groups), provisioned
 
     def tick(self, now: float | None = None) -> ScalingReport:
         now = time.time() if now is None else now
@@ -230,7 +275,8 @@ class Scaler:
             self._provider.assign(
                 pool.name, self._held_instances(pool.name, planned, snapshot, now), snapshot.profiles
             )
-        return ScalingReport(plan, snapshot.load, workers, held, healed)
+        provisioned = {g: p.load_qps for g, p in snapshot.provisioned.items()}
+        return ScalingReport(plan, snapshot.load, workers, held, healed, provisioned)
 
     def _held_instances(
         self, pool: str, planned: Mapping[str, int], snapshot: Snapshot, now: float

@@ -105,6 +105,7 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_array, vstack
 
 from modelless.scaling.bridge import finish_plan
+from modelless.scaling.deadline import CHECK_EVERY, Deadline, OutOfTime, holding_plan, holding_reserve_s
 from modelless.scaling.greedy import solve_greedy
 from modelless.scaling.patterns import (
     Component,
@@ -211,6 +212,7 @@ class _Model:
     u_cols: dict[int, int]  # group index -> column of u[g] (fraction of its need)
     stand_in_cols: dict[int, int]  # column -> component it stands in for
     capacity_rows: dict[tuple[int, str], int]  # (pool index, resource) -> row
+    packing_rows: dict[tuple[int, str, int], int]  # (pool index, resource, k) -> row
     choice_rows: dict[int, int]  # component -> row of Σ patterns (+ m or stand-ins) = 1
     blocks: frozenset[int]
 
@@ -232,6 +234,44 @@ def _instance_bound(variant: ScalingVariant, needs: Mapping[str, float]) -> int:
     return max(1, math.ceil(share - 1e-9))
 
 
+def packing_share(share: float, k: int) -> float:
+    """Fekete and Schepers' dual feasible function u^(k) of an item's share of a worker: items
+    that fit one worker together have u^(k) shares adding up to at most 1, so ``Σ u^(k)(share)·n
+    <= w`` holds for every plan that packs (a valid row, tighter than the fluid ``Σ share·n <= w``
+    for items above 1/(k+1) of a worker: with k = 1, two items over half a worker need two)."""
+    scaled = (k + 1) * share
+    whole = round(scaled)
+    if abs(scaled - whole) <= 1e-9:
+        return share
+    return math.floor(scaled) / k
+
+
+PACKING_KS = (1, 2, 3)
+
+
+def _useful_packing_rows(
+    problem: ScalingProblem, usable: Sequence[int], deadline: Deadline | None
+) -> list[tuple[tuple[int, str], int]]:
+    """The (pool, resource), k of the packing rows worth adding: those where some usable
+    variant's u^(k) share exceeds its share (elsewhere the row is the fluid one, or looser)."""
+    pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
+    found: set[tuple[tuple[int, str], int]] = set()
+    for position, vi in enumerate(usable):
+        if deadline is not None and position % CHECK_EVERY == 0:
+            deadline.check()
+        variant = problem.variants[vi]
+        pi = pool_index[variant.pool]
+        for resource, amount in variant.demand.items():
+            capacity = problem.pools[pi].capacity.get(resource, 0.0)
+            if amount <= 0 or capacity <= 0:
+                continue
+            share = amount / capacity
+            for k in PACKING_KS:
+                if ((pi, resource), k) not in found and packing_share(share, k) > share + 1e-9:
+                    found.add(((pi, resource), k))
+    return sorted(found)
+
+
 def _build(
     problem: ScalingProblem,
     components: Sequence[Component],
@@ -239,6 +279,7 @@ def _build(
     blocks: frozenset[int],
     patterns: bool,
     with_stand_ins: bool = False,
+    deadline: Deadline | None = None,
 ) -> _Model:
     """The program: patterns for every component (when ``patterns``), blocks for ``blocks``
     (switched by m[c] when there are patterns; always on when not), and for the components
@@ -267,12 +308,28 @@ def _build(
             if capacity > 0:
                 capacity_rows[(pi, resource)] = b.row([(w_cols[pi], -1.0)], -math.inf, 0.0)
 
+    # Packing rows (dual feasible functions, module docstring): Σ f_k(share)·n <= w per pool,
+    # resource and k, where some usable variant's f_k(share) exceeds its share.
+    packing_rows: dict[tuple[int, str, int], int] = {}
+    for (pi, resource), k in _useful_packing_rows(problem, usable, deadline):
+        packing_rows[(pi, resource, k)] = b.row([(w_cols[pi], -1.0)], -math.inf, 0.0)
+
     def use(col: int, variant: ScalingVariant, copies: int = 1) -> None:
         pi = pool_index[variant.pool]
         for resource, amount in variant.demand.items():
             if amount > 0:
                 share = amount / problem.pools[pi].capacity[resource]
                 b.add(capacity_rows[(pi, resource)], col, copies * share)
+                for k in PACKING_KS:
+                    row = packing_rows.get((pi, resource, k))
+                    if row is not None:
+                        b.add(row, col, copies * packing_share(share, k))
+
+    # Lambda's account concurrency: Σ QPS sent to Lambda x seconds an invocation runs <= limit.
+    seconds = [g.lambda_seconds_per_query for g in groups]
+    lambda_row: int | None = None
+    if problem.lambda_concurrency is not None and any(seconds):
+        lambda_row = b.row([], -math.inf, problem.lambda_concurrency)
 
     pattern_cols: dict[int, Pattern] = {}
     stand_in_cols: dict[int, int] = {}
@@ -280,12 +337,16 @@ def _build(
     m_cols: dict[int, int] = {}
     if patterns:
         for ci, component in enumerate(components):
+            if deadline is not None and ci % CHECK_EVERY == 0:
+                deadline.check()
             choice = choice_rows[ci] = b.row([], 1.0, 1.0)
             weightless: dict[int, list[int]] = {}  # pool -> patterns whose variant demands nothing
             for pattern in component.patterns:
                 col = b.column(pattern.cost / scale, 0.0, 1.0, True)
                 pattern_cols[col] = pattern
                 b.add(choice, col, 1.0)
+                if lambda_row is not None:
+                    b.add(lambda_row, col, sum(qps * seconds[gi] for gi, qps in pattern.to_lambda.items()))
                 for vi in set(pattern.instances):
                     variant = problem.variants[vi]
                     copies = pattern.instances.count(vi)
@@ -320,7 +381,9 @@ def _build(
     u_cols: dict[int, int] = {}
     group_index = {g.id: gi for gi, g in enumerate(groups)}
     need_of = {g.id: need for g, need in zip(groups, needs, strict=True)}
-    for ci in sorted(blocks):
+    for position, ci in enumerate(sorted(blocks)):
+        if deadline is not None and position % 16 == 0:
+            deadline.check()
         component = components[ci]
         switch = m_cols.get(ci)  # None: the block is always on
         serving: dict[int, list[tuple[int, int, float]]] = {gi: [] for gi in component.groups}
@@ -355,6 +418,8 @@ def _build(
             entries = [(y, 1.0) for _, y, _ in serving[gi]]
             if price is not None:
                 l_cols[gi] = b.column(price * needs[gi] / scale, 0.0, 1.0, False)
+                if lambda_row is not None:
+                    b.add(lambda_row, l_cols[gi], needs[gi] * seconds[gi])
                 entries.append((l_cols[gi], 1.0))
             u_cols[gi] = b.column(0.0, 0.0, 0.0, False)
             entries.append((u_cols[gi], 1.0))
@@ -396,6 +461,7 @@ def _build(
         u_cols=u_cols,
         stand_in_cols=stand_in_cols,
         capacity_rows=capacity_rows,
+        packing_rows=packing_rows,
         choice_rows=choice_rows,
         blocks=blocks,
     )
@@ -515,6 +581,7 @@ def _rounded(problem: ScalingProblem, model: _Model, lp_x: Vector) -> Vector | N
     usage = model.matrix @ x  # capacity rows: Σ usage (w still 0)
     for pi, col in model.w_cols.items():
         rows = [row for (p, _), row in model.capacity_rows.items() if p == pi]
+        rows += [row for (p, _, _), row in model.packing_rows.items() if p == pi]
         need = max([problem.pools[pi].min_workers, *(math.ceil(usage[row] - 1e-9) for row in rows)])
         if need > model.upper[col]:
             return None
@@ -526,13 +593,19 @@ def _rounded(problem: ScalingProblem, model: _Model, lp_x: Vector) -> Vector | N
 
 
 def _block_bounds(
-    problem: ScalingProblem, components: Sequence[Component], model: _Model, duals: _Duals
+    problem: ScalingProblem,
+    components: Sequence[Component],
+    model: _Model,
+    duals: _Duals,
+    deadline: Deadline | None = None,
 ) -> dict[int, float]:
     """rho[c] for each component without a block: a lower bound on the reduced cost of any way of
     serving it with two or more instances (module docstring), scaled units."""
     pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
     reduced: dict[int, float] = {}
     for ci, component in enumerate(components):
+        if deadline is not None and ci % CHECK_EVERY == 0:
+            deadline.check()
         if ci in model.blocks or ci not in duals.choice:
             continue
         price: dict[int, float] = {}  # variant -> an instance's price at the duals' prices
@@ -574,13 +647,16 @@ def _lagrangian_bound(
     components: Sequence[Component],
     duals: _Duals,
     reduced: Mapping[int, float],
+    deadline: Deadline | None = None,
 ) -> float:
     """What every plan costs at least (module docstring, step 1), scaled units: where ``rho`` is
     negative, the least reduced cost of the component's stand-ins bounds its ways too, often
     more tightly (every way of it is at least as dear as one of its stand-ins)."""
     pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
     bound = duals.bound
-    for ci, rho in reduced.items():
+    for position, (ci, rho) in enumerate(reduced.items()):
+        if deadline is not None and position % CHECK_EVERY == 0:
+            deadline.check()
         if rho >= 0:
             continue
         standing = (
@@ -630,25 +706,53 @@ def _attempt(
     return _Attempt(result.status, x, value, None if dual is None else float(dual), str(result.message))
 
 
+@dataclass
+class _Incumbent:
+    """The best plan found so far, as a solution of a model, and the best lower bound."""
+
+    model: _Model | None = None
+    x: Vector | None = None
+    lower: float = -math.inf  # scaled units
+
+
 def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPlan:
     """The cheapest plan (DESIGN §5). Never raises on an infeasible problem: it returns the plan
     that serves the most load, status ``infeasible_partial``, with ``unmet`` saying why.
 
-    ``time_limit_s`` is a deadline for the whole call (see the module docstring)."""
+    ``time_limit_s`` is a deadline for the whole call, at any size (see the module docstring):
+    the plan is the best found by then, with the gap it has proven, or where none was found
+    in time, the holding plan (:mod:`modelless.scaling.deadline`)."""
     started = time.perf_counter()
-    deadline = started + time_limit_s
+    hard = Deadline(started + time_limit_s - holding_reserve_s(problem))
+    incumbent = _Incumbent()
+    try:
+        return _solve(problem, time_limit_s, started, hard, incumbent)
+    except OutOfTime:
+        why = f"milp: time limit of {time_limit_s:g} s reached"
+        if incumbent.model is None or incumbent.x is None:
+            return holding_plan(problem, SOLVER, started, f"{why} before any plan")
+        scale = incumbent.model.scale
+        bound = None if incumbent.lower == -math.inf else incumbent.lower * scale
+        notes = [f"{why} before optimality was proven"]
+        return _plan(problem, incumbent.model, incumbent.x, PlanStatus.TIME_LIMIT, started, notes, bound)
+
+
+def _solve(
+    problem: ScalingProblem, time_limit_s: float, started: float, hard: Deadline, incumbent: _Incumbent
+) -> ScalingPlan:
+    deadline = hard.at
 
     def left() -> float:
         return _until(deadline, time_limit_s)
 
-    usable = usable_variants(problem)
-    components = components_of(problem, usable)
+    usable = usable_variants(problem, hard)
+    components = components_of(problem, usable, hard)
     forced = frozenset(ci for ci, component in enumerate(components) if not component.patterns)
 
     # 1. What every plan costs at least, by LP duality; and where another instance may pay,
     #    patterns of one instance more (then the LP again), until none may.
     modelled = time.perf_counter()
-    model = _build(problem, components, usable, forced, patterns=True)
+    model = _build(problem, components, usable, forced, patterns=True, deadline=hard)
     if model.c.size == 0:  # no pool and no load: nothing to decide (HiGHS takes no empty LP)
         return finish_plan(problem, {}, {}, {}, {}, {}, SOLVER, PlanStatus.OPTIMAL, started, (), 0.0)
     duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
@@ -656,13 +760,14 @@ def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPl
     round_cost = PROOF_COST * (time.perf_counter() - modelled)
     lower = -math.inf
     while duals is not None:
-        reduced = _block_bounds(problem, components, model, duals)
-        lower = max(lower, _lagrangian_bound(problem, components, duals, reduced))
+        reduced = _block_bounds(problem, components, model, duals, hard)
+        lower = max(lower, _lagrangian_bound(problem, components, duals, reduced, hard))
+        incumbent.lower = lower
         paying = [ci for ci, r in reduced.items() if r < 0]
         if not paying or deadline - time.perf_counter() < time_limit_s / 2:  # else the plan first
             break
-        forced = forced | _grow(problem, components, paying)
-        model = _build(problem, components, usable, forced, patterns=True)
+        forced = forced | _grow(problem, components, paying, deadline=hard)
+        model = _build(problem, components, usable, forced, patterns=True, deadline=hard)
         duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
 
     # 2. The plan: patterns, and blocks where a component has no pattern.
@@ -677,12 +782,15 @@ def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPl
         bound = None if lower == -math.inf else lower * model.scale
         return _fallback(problem, started, deadline, time_limit_s, bound, why)
     best_model, best_x, best_value = model, first.x, first.value
+    incumbent.model, incumbent.x = model, first.x
 
     # 3. The proof, while time is left: stand-ins for the blocks, true blocks where picked.
     blocks = forced
     proven = first.status == _OPTIMAL and lower >= best_value * (1 - MIP_GAP)
     while not proven and deadline - RESERVE_SHARE * time_limit_s - time.perf_counter() > round_cost:
-        relaxed = _build(problem, components, usable, blocks, patterns=True, with_stand_ins=True)
+        relaxed = _build(
+            problem, components, usable, blocks, patterns=True, with_stand_ins=True, deadline=hard
+        )
         # Its LP: a bound, and the duals that price the ways no plan cheaper than the best one
         # can hold (the stand-ins for them need no column: module docstring).
         lp = _lp_duals(relaxed, min(left(), LP_SHARE * time_limit_s))
@@ -690,6 +798,7 @@ def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPl
         prices: Prices | None = None
         if lp is not None:  # a bound on every plan cheaper than the best (ways ruled out before)
             lower = max(lower, min(lp.bound, best_value))
+            incumbent.lower = lower
             if lower >= best_value * (1 - MIP_GAP):
                 proven = True
                 break
@@ -702,6 +811,7 @@ def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPl
         result = _attempt(relaxed, HIGHS_SHARE * left(), upper, cutoff)
         if result.dual_bound is not None:  # a relaxation of every plan cheaper than the best
             lower = max(lower, min(result.dual_bound, best_value))
+            incumbent.lower = lower
         if result.status == _OPTIMAL and result.x is None:  # nothing cheaper than the best plan
             proven = True
             break
@@ -710,6 +820,7 @@ def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPl
         picked = _stand_ins_used(relaxed, result.x)
         if not picked and result.value < best_value:
             best_model, best_x, best_value = relaxed, result.x, result.value
+            incumbent.model, incumbent.x = relaxed, result.x
         if result.status != _OPTIMAL:
             break
         if not picked:
@@ -723,7 +834,7 @@ def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPl
         # do not rule out either.
         chosen = set(picked)
         chosen |= {ci for col, ci in relaxed.stand_in_cols.items() if upper[col] > 0}
-        blocks = blocks | _grow(problem, components, chosen, prices)
+        blocks = blocks | _grow(problem, components, chosen, prices, hard)
     if first.status == _OPTIMAL and lower >= best_value * (1 - MIP_GAP):
         proven = True
     status = PlanStatus.OPTIMAL if proven else PlanStatus.TIME_LIMIT
@@ -748,12 +859,13 @@ def _grow(
     components: Sequence[Component],
     chosen: Iterable[int],
     prices: Prices | None = None,
+    deadline: Deadline | None = None,
 ) -> set[int]:
     """Patterns of one instance more for the ``chosen`` components (with ``prices``, those the
     duals do not rule out); returns those that get their block instead (``MOST_INSTANCES``
     reached, or too many ways to pick the instances)."""
     full = {ci for ci in chosen if components[ci].most >= MOST_INSTANCES}
-    return full | extend(problem, components, [ci for ci in chosen if ci not in full], prices)
+    return full | extend(problem, components, [ci for ci in chosen if ci not in full], prices, deadline)
 
 
 def _stand_ins_used(model: _Model, x: Vector) -> frozenset[int]:
@@ -771,9 +883,13 @@ def solve_compact(problem: ScalingProblem, time_limit_s: float = 1.0) -> Scaling
     reference the pattern program is checked against (tests, ``bench/scaler.py``); much
     slower beyond a few dozen architectures. ``time_limit_s`` is a deadline, as in solve_exact."""
     started = time.perf_counter()
-    usable = usable_variants(problem)
-    components = components_of(problem, usable)
-    return _complete(problem, components, usable, started, started + time_limit_s, time_limit_s)
+    hard = Deadline(started + time_limit_s - holding_reserve_s(problem))
+    try:
+        usable = usable_variants(problem, hard)
+        components = components_of(problem, usable, hard)
+        return _complete(problem, components, usable, started, hard.at, time_limit_s)
+    except OutOfTime:
+        return holding_plan(problem, SOLVER, started, f"milp: time limit of {time_limit_s:g} s reached")
 
 
 def _complete(
@@ -786,7 +902,14 @@ def _complete(
 ) -> ScalingPlan:
     """Blocks for every component, no patterns: the program as INFaaS writes it. For problems
     the patterns cannot serve, and for partial plans when nothing can serve everything."""
-    model = _build(problem, components, usable, frozenset(range(len(components))), patterns=False)
+    model = _build(
+        problem,
+        components,
+        usable,
+        frozenset(range(len(components))),
+        patterns=False,
+        deadline=Deadline(deadline),
+    )
     result = _attempt(model, _until(deadline, time_limit_s))
     if result.status == _OPTIMAL and result.x is not None:
         lower = None if result.dual_bound is None else result.dual_bound * model.scale
@@ -970,10 +1093,14 @@ def _fallback(
     why: str,
     status: PlanStatus = PlanStatus.TIME_LIMIT,
 ) -> ScalingPlan:
-    """The greedy's plan when HiGHS found none in time. Its improvement passes get what is left
-    of the deadline (its first pass runs whatever the time)."""
+    """The greedy's plan when HiGHS found none in time, by the deadline (the holding plan when its
+    first pass does not finish by then). Its improvement passes get what is left."""
     budget = max(0.0, deadline - time.perf_counter())
-    greedy = solve_greedy(problem, improve_budget_s=min(budget, FALLBACK_SHARE * time_limit_s))
+    greedy = solve_greedy(
+        problem,
+        improve_budget_s=min(budget, FALLBACK_SHARE * time_limit_s),
+        deadline=Deadline(deadline + holding_reserve_s(problem)),
+    )
     if greedy.unmet_qps:
         status = PlanStatus.INFEASIBLE_PARTIAL
     return replace(

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from modelless.scaling.bridge import finish_plan, with_bridge
+from modelless.scaling.deadline import CHECK_EVERY, Deadline, OutOfTime, holding_plan, holding_reserve_s
 from modelless.scaling.problem import (
     EPS,
     PlanStatus,
@@ -103,7 +104,10 @@ def _group_order(problem: ScalingProblem) -> list[ScalingGroup]:
 
 
 def solve_greedy(
-    problem: ScalingProblem, improve_trials: int = 8, improve_budget_s: float | None = None
+    problem: ScalingProblem,
+    improve_trials: int = 8,
+    improve_budget_s: float | None = None,
+    deadline: Deadline | None = None,
 ) -> ScalingPlan:
     """A plan for ``problem`` by the greedy above. Never raises on infeasible problems.
 
@@ -113,10 +117,17 @@ def solve_greedy(
     this lets instances move to room left in other pools (ties are kept, so a pool can be
     emptied one worker at a time). ``improve_budget_s`` stops starting passes after that long
     (the MILP's fallback has already spent its time); without it the result is deterministic.
+    With a ``deadline`` the call returns by it (less the time to read the plan): a first pass
+    that does not finish gives way to the holding plan (:mod:`modelless.scaling.deadline`), an
+    improvement pass that does not finish to the best plan so far.
     """
     started = time.perf_counter()
+    hard = None if deadline is None else deadline.earlier_by(holding_reserve_s(problem))
     caps: dict[str, int | None] = {pool.name: pool.max_workers for pool in problem.pools}
-    best = _greedy_pass(problem, caps)
+    try:
+        best = _greedy_pass(problem, caps, hard)
+    except OutOfTime:
+        return holding_plan(problem, SOLVER, started, "greedy: deadline reached in its first pass")
     trials = 0
     blocked: set[str] = set()
     while trials < improve_trials:
@@ -131,7 +142,10 @@ def solve_greedy(
             break
         pool = max(open_pools, key=lambda p: (p.price_per_worker_second, p.name))
         trial_caps = {**caps, pool.name: best.workers[pool.name] - 1}
-        trial = _greedy_pass(problem, trial_caps)
+        try:
+            trial = _greedy_pass(problem, trial_caps, hard)
+        except OutOfTime:
+            break
         trials += 1
         unmet, trial_unmet = sum(best.unmet_qps.values()), sum(trial.unmet_qps.values())
         if trial.objective <= best.objective * (1 + 1e-12) and trial_unmet <= unmet + EPS:
@@ -141,14 +155,20 @@ def solve_greedy(
     return replace(with_bridge(problem, best), solve_seconds=time.perf_counter() - started)
 
 
-def _greedy_pass(problem: ScalingProblem, caps: Mapping[str, int | None]) -> ScalingPlan:
+def _greedy_pass(
+    problem: ScalingProblem, caps: Mapping[str, int | None], deadline: Deadline | None = None
+) -> ScalingPlan:
     pools = {pool.name: _Pool(pool, caps[pool.name]) for pool in problem.pools}
     count: dict[str, int] = {v.id: 0 for v in problem.variants}
     used: dict[str, float] = {v.id: 0.0 for v in problem.variants}  # instances' worth of load placed
-    price = {v.id: problem.instance_price(v) for v in problem.variants}
-    load_cost = {v.id: problem.load_cost(v) for v in problem.variants}
+    price: dict[str, float] = {}
+    load_cost: dict[str, float] = {}
     eligible_for: dict[str, list[ScalingVariant]] = {}  # group -> variants that may serve it
-    for variant in problem.variants:
+    for position, variant in enumerate(problem.variants):
+        if deadline is not None and position % CHECK_EVERY == 0:
+            deadline.check()
+        price[variant.id] = problem.instance_price(variant)
+        load_cost[variant.id] = problem.load_cost(variant)
         if problem.per_worker(variant) > 0:
             for group_id, q in variant.saturation_qps.items():
                 if q > 0:
@@ -174,6 +194,12 @@ def _greedy_pass(problem: ScalingProblem, caps: Mapping[str, int | None]) -> Sca
         key = (variant.id, group.id)
         served[key] = served.get(key, 0.0) + instances * q
         return instances * q
+
+    # Lambda's account concurrency left (inf: no limit), in executions.
+    lambda_room = math.inf if problem.lambda_concurrency is None else problem.lambda_concurrency
+
+    def lambda_seconds(group: ScalingGroup) -> float:
+        return group.lambda_seconds_per_query if problem.lambda_concurrency is not None else 0.0
 
     order = _group_order(problem)
     pending = {g.id: problem.need(g) for g in order}  # groups not yet served, with their need
@@ -207,6 +233,8 @@ def _greedy_pass(problem: ScalingProblem, caps: Mapping[str, int | None]) -> Sca
         return saved
 
     for group in order:
+        if deadline is not None:
+            deadline.check()
         need = pending.pop(group.id)
         if need <= EPS:
             continue
@@ -219,7 +247,10 @@ def _greedy_pass(problem: ScalingProblem, caps: Mapping[str, int | None]) -> Sca
                 need -= serve(variant, group, min(spare, need / variant.saturation_qps[group.id]))
 
         lambda_price = problem.lambda_price(group)
+        seconds = lambda_seconds(group)
         while need > EPS:
+            if deadline is not None:
+                deadline.check()
             candidates = [v for v in eligible if pools[v.pool].can_add(v)]
             if not candidates:
                 break
@@ -231,7 +262,8 @@ def _greedy_pass(problem: ScalingProblem, caps: Mapping[str, int | None]) -> Sca
 
             best = min(candidates, key=per_qps)
             if need >= best.saturation_qps[group.id]:
-                if lambda_price is not None and lambda_price <= per_qps(best)[0]:
+                fits = need * seconds <= lambda_room + 1e-12
+                if lambda_price is not None and fits and lambda_price <= per_qps(best)[0]:
                     break  # Lambda is cheaper per query than any instance: it takes the rest
                 choice = best
             else:
@@ -246,17 +278,21 @@ def _greedy_pass(problem: ScalingProblem, caps: Mapping[str, int | None]) -> Sca
                     return instances * costs[v.id] - saved, -q, v.id  # noqa: B023
 
                 choice = min(candidates, key=cover)
-                if lambda_price is not None and lambda_price * need <= cover(choice)[0]:
+                fits = need * seconds <= lambda_room + 1e-12
+                if lambda_price is not None and fits and lambda_price * need <= cover(choice)[0]:
                     break
             pools[choice.pool].add(choice)
             count[choice.id] += 1
             need -= serve(choice, group, min(1.0, need / choice.saturation_qps[group.id]))
 
+        if need > EPS and lambda_price is not None:
+            taken = need if seconds <= 0 else min(need, max(0.0, lambda_room) / seconds)
+            if taken > EPS:
+                lambda_qps[group.id] = taken
+                lambda_room -= taken * seconds
+                need -= taken
         if need > EPS:
-            if lambda_price is not None:
-                lambda_qps[group.id] = need
-            else:
-                unmet_qps[group.id] = need
+            unmet_qps[group.id] = need
 
     instances = {(v.id, v.pool): count[v.id] for v in problem.variants if count[v.id] > 0}
     workers = {name: pool.workers() for name, pool in pools.items()}

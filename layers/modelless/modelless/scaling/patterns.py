@@ -22,6 +22,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_array
 
+from modelless.scaling.deadline import CHECK_EVERY, Deadline
 from modelless.scaling.problem import EPS, ScalingProblem
 
 MOST_SETS = 5000  # a component with more ways to pick its instances gets its block instead
@@ -53,7 +54,7 @@ class Component:
     stand_ins: dict[int, list[StandIn]] = field(default_factory=dict)  # by ``most``: computed once
 
 
-def usable_variants(problem: ScalingProblem) -> list[int]:
+def usable_variants(problem: ScalingProblem, deadline: Deadline | None = None) -> list[int]:
     """Indices of the variants worth a column: they fit a worker, serve a group with load, and
     no other variant of their pool dominates them.
 
@@ -71,6 +72,8 @@ def usable_variants(problem: ScalingProblem) -> list[int]:
     serving: dict[tuple[str, str], list[int]] = {}  # (pool, group) -> variants serving it
     active: dict[int, dict[str, float]] = {}
     for vi, variant in enumerate(problem.variants):
+        if deadline is not None and vi % CHECK_EVERY == 0:
+            deadline.check()
         groups = {g: q for g, q in variant.saturation_qps.items() if q > 0 and needs[g] > EPS}
         if problem.per_worker(variant) == 0 or not groups:
             continue
@@ -79,8 +82,13 @@ def usable_variants(problem: ScalingProblem) -> list[int]:
         for group_id in groups:
             serving.setdefault((variant.pool, group_id), []).append(vi)
 
-    load_cost = {vi: problem.load_cost(problem.variants[vi]) for vi in candidates}
-    carries_all = {vi: sum(needs[g] / q for g, q in active[vi].items()) <= 1.0 + 1e-9 for vi in candidates}
+    load_cost: dict[int, float] = {}
+    carries_all: dict[int, bool] = {}
+    for position, vi in enumerate(candidates):
+        if deadline is not None and position % CHECK_EVERY == 0:
+            deadline.check()
+        load_cost[vi] = problem.load_cost(problem.variants[vi])
+        carries_all[vi] = sum(needs[g] / q for g, q in active[vi].items()) <= 1.0 + 1e-9
 
     def dominance(members: list[int]) -> Any:
         """matrix[i, j]: members[i] dominates members[j] (numpy, one (pool, group) at a time)."""
@@ -100,7 +108,9 @@ def usable_variants(problem: ScalingProblem) -> list[int]:
 
     beaten: dict[tuple[str, str], tuple[dict[int, int], Any]] = {}  # per (pool, group)
     kept: list[int] = []
-    for vi in candidates:
+    for position, vi in enumerate(candidates):
+        if deadline is not None and position % CHECK_EVERY == 0:
+            deadline.check()
         variant = problem.variants[vi]
         if variant.running == 0:
             key = (variant.pool, next(iter(active[vi])))
@@ -112,14 +122,16 @@ def usable_variants(problem: ScalingProblem) -> list[int]:
                 np.fill_diagonal(matrix, False)
                 lost = (matrix & (earlier | ~matrix.T)).any(axis=0)
                 beaten[key] = ({m: i for i, m in enumerate(members)}, lost)
-            position, lost = beaten[key]
-            if lost[position[vi]]:
+            rank, lost = beaten[key]
+            if lost[rank[vi]]:
                 continue
         kept.append(vi)
     return kept
 
 
-def components_of(problem: ScalingProblem, usable: Sequence[int]) -> list[Component]:
+def components_of(
+    problem: ScalingProblem, usable: Sequence[int], deadline: Deadline | None = None
+) -> list[Component]:
     """Groups with load, linked by the variants that may serve them (union-find)."""
     index = {g.id: gi for gi, g in enumerate(problem.groups)}
     loaded = [gi for gi, g in enumerate(problem.groups) if problem.need(g) > EPS]
@@ -132,7 +144,9 @@ def components_of(problem: ScalingProblem, usable: Sequence[int]) -> list[Compon
         return gi
 
     served_by: dict[int, list[int]] = {}
-    for vi in usable:
+    for position, vi in enumerate(usable):
+        if deadline is not None and position % CHECK_EVERY == 0:
+            deadline.check()
         rates = problem.variants[vi].saturation_qps.items()
         groups = [index[g] for g, q in rates if q > 0 and index[g] in parent]
         served_by[vi] = groups
@@ -146,6 +160,8 @@ def components_of(problem: ScalingProblem, usable: Sequence[int]) -> list[Compon
             members[root(served_by[vi][0])].variants.append(vi)
     components = list(members.values())
     for ci, component in enumerate(components):
+        if deadline is not None and ci % CHECK_EVERY == 0:
+            deadline.check()
         component.patterns = single_patterns(problem, ci, component)
     return components
 
@@ -356,7 +372,7 @@ class _Sets:
         load_cost = np.array([problem.load_cost(problem.variants[vi]) for vi in distinct])
         running = np.array([problem.variants[vi].running for vi in distinct])
         cost += np.where(copy > running[local], load_cost[local], 0.0).sum(axis=1)
-        table = _set_table(problem, variants, cost)
+        table = _set_table(problem, variants, cost, left @ _lambda_seconds(problem, self.groups))
         if prices is not None:
             keep &= _reduced(table, problem, prices, self.component) <= within(prices.slack)
         candidates = np.flatnonzero(keep)
@@ -524,6 +540,7 @@ def extend(
     components: Sequence[Component],
     chosen: Iterable[int],
     prices: Prices | None = None,
+    deadline: Deadline | None = None,
 ) -> set[int]:
     """Patterns of one instance more for the ``chosen`` components (the undominated ones; with
     ``prices``, those whose reduced cost is within the slack). Returns the components with too
@@ -540,6 +557,8 @@ def extend(
         else:
             by_size.setdefault(k, {})[ci] = component
     for k, wanted in by_size.items():
+        if deadline is not None:
+            deadline.check()
         for ci, patterns in k_instances(problem, wanted, k, prices).items():
             component = components[ci]
             component.patterns = component.patterns + patterns  # the old ones pruned by k_instances
@@ -578,9 +597,18 @@ def _instance_prices(problem: ScalingProblem, variants: Any, prices: Prices) -> 
     return np.asarray(_variant_usage(problem, variants) @ pi_vector, dtype=np.float64)
 
 
-def _set_table(problem: ScalingProblem, variants: Any, cost: Any) -> Any:
+def _lambda_seconds(problem: ScalingProblem, groups: Sequence[int]) -> Any:
+    """Per group of ``groups``, the Lambda concurrency one QPS of it holds where the program
+    limits Lambda's concurrency (zeros where it does not: the column then decides nothing)."""
+    if problem.lambda_concurrency is None:
+        return np.zeros(len(groups))
+    return np.array([problem.groups[gi].lambda_seconds_per_query for gi in groups])
+
+
+def _set_table(problem: ScalingProblem, variants: Any, cost: Any, lambda_use: Any) -> Any:
     """The dominance table of sets of instances (a row each, variant indices, sorted): their
-    resource shares per (pool, resource), the workers their copies need per pool, their cost."""
+    resource shares per (pool, resource), the workers their copies need per pool, the Lambda
+    concurrency they leave held (``lambda_use``), their cost."""
     count, k = variants.shape
     keys = _resource_keys(problem)
     distinct, local = np.unique(variants, return_inverse=True)
@@ -589,8 +617,9 @@ def _set_table(problem: ScalingProblem, variants: Any, cost: Any) -> Any:
     pools = {pool.name: pi for pi, pool in enumerate(problem.pools)}
     pool_of = np.array([pools[problem.variants[int(vi)].pool] for vi in distinct], dtype=np.int64)
     per_worker = np.array([max(1, problem.per_worker(problem.variants[int(vi)])) for vi in distinct])
-    table = np.zeros((count, len(keys) + len(problem.pools) + 1))
+    table = np.zeros((count, len(keys) + len(problem.pools) + 2))
     table[:, : len(keys)] = usage[local].sum(axis=1) if k else 0.0
+    table[:, -2] = lambda_use
     rows = np.arange(count)
     for j in range(k):
         copies = (local == local[:, j : j + 1]).sum(axis=1)
@@ -603,7 +632,7 @@ def _set_table(problem: ScalingProblem, variants: Any, cost: Any) -> Any:
 def _pattern_table(problem: ScalingProblem, patterns: Sequence[Pattern]) -> Any:
     """``_set_table`` of patterns of any sizes."""
     keys = _resource_keys(problem)
-    table = np.zeros((len(patterns), len(keys) + len(problem.pools) + 1))
+    table = np.zeros((len(patterns), len(keys) + len(problem.pools) + 2))
     by_size: dict[int, list[int]] = {}
     for row, pattern in enumerate(patterns):
         by_size.setdefault(len(pattern.instances), []).append(row)
@@ -612,7 +641,18 @@ def _pattern_table(problem: ScalingProblem, patterns: Sequence[Pattern]) -> Any:
             len(rows), size
         )
         cost = np.array([patterns[row].cost for row in rows])
-        table[rows] = _set_table(problem, np.sort(variants, axis=1), cost)
+        lambda_use = np.array(
+            [
+                sum(
+                    qps * problem.groups[gi].lambda_seconds_per_query
+                    for gi, qps in patterns[row].to_lambda.items()
+                )
+                if problem.lambda_concurrency is not None
+                else 0.0
+                for row in rows
+            ]
+        )
+        table[rows] = _set_table(problem, np.sort(variants, axis=1), cost, lambda_use)
     return table
 
 

@@ -28,7 +28,7 @@ plan says how much, for how long and at what price.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
@@ -102,6 +102,9 @@ class ScalingGroup:
     load_qps: float
     latency_budget_ms: float
     lambda_price_per_query: float | None = None  # None: the Lambda tier cannot serve this group
+    # How long a Lambda invocation of this group runs (its cheapest Lambda variant's p99 at batch
+    # one): what one QPS of it holds of the account's concurrency, in executions.
+    lambda_seconds_per_query: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,9 @@ class ScalingProblem:
     load_cost_weight: float = 0.0  # INFaaS's λ (1/s): weight of loading time vs hardware cost
     lambda_allowed: bool = True
     horizon_s: float = 60.0  # how long a plan holds: one-off costs (the bridge) are spread over it
+    # Lambda's account concurrency left to the online tier (None: no limit): the program keeps
+    # Σ lambda QPS x lambda_seconds_per_query within it (AWS's default account limit is 1,000).
+    lambda_concurrency: float | None = None
 
     def __post_init__(self) -> None:
         pools = {pool.name for pool in self.pools}
@@ -131,6 +137,10 @@ class ScalingProblem:
             raise ValueError("slack and load_cost_weight must be non-negative")
         if self.horizon_s <= 0:
             raise ValueError("horizon_s must be positive")
+        if self.lambda_concurrency is not None and self.lambda_concurrency < 0:
+            raise ValueError("lambda_concurrency must be non-negative")
+        if any(group.lambda_seconds_per_query < 0 for group in self.groups):
+            raise ValueError("lambda_seconds_per_query must be non-negative")
         for variant in self.variants:
             if variant.max_per_worker is not None and variant.max_per_worker < 0:
                 raise ValueError(f"variant {variant.id}: max_per_worker must be non-negative")
@@ -140,15 +150,22 @@ class ScalingProblem:
         return {pool.name: pool for pool in self.pools}
 
     @cached_property
-    def _own_prices(self) -> dict[int, float]:
-        """instance_price of the problem's own variants, by object identity (the solvers ask
-        for them thousands of times)."""
-        return {id(variant): self._instance_price(variant) for variant in self.variants}
+    def _memo(self) -> dict[tuple[str, int], tuple[ScalingVariant, float]]:
+        """instance_price and per_worker, by variant identity, filled as they are asked for (the
+        solvers ask thousands of times; filling it all at once would not respect a deadline).
+        The entry holds its variant, so that no other object can take its identity."""
+        return {}
 
-    @cached_property
-    def _own_per_worker(self) -> dict[int, int]:
-        """per_worker of the problem's own variants, by object identity (asked for as often)."""
-        return {id(variant): self._per_worker(variant) for variant in self.variants}
+    def _remembered(
+        self, kind: str, variant: ScalingVariant, compute: Callable[[ScalingVariant], float]
+    ) -> float:
+        key = (kind, id(variant))
+        found = self._memo.get(key)
+        if found is not None and found[0] is variant:
+            return found[1]
+        value = compute(variant)
+        self._memo[key] = (variant, value)
+        return value
 
     def pool(self, name: str) -> ScalingPool:
         return self._pools_by_name[name]
@@ -156,6 +173,11 @@ class ScalingProblem:
     def need(self, group: ScalingGroup) -> float:
         """The QPS to provision for: measured load plus the slack headroom."""
         return max(0.0, group.load_qps) * (1.0 + self.slack)
+
+    def lambda_concurrency_used(self, lambda_qps: Mapping[str, float]) -> float:
+        """Lambda executions that ``lambda_qps`` (group -> QPS) holds at once, on average."""
+        seconds = {group.id: group.lambda_seconds_per_query for group in self.groups}
+        return sum(qps * seconds.get(group_id, 0.0) for group_id, qps in lambda_qps.items())
 
     def lambda_price(self, group: ScalingGroup) -> float | None:
         """Lambda's price per query for ``group``, or None when Lambda may not serve it."""
@@ -167,8 +189,7 @@ class ScalingProblem:
         Used by the greedy to rank variants and by the load-cost term (INFaaS's C_ij); the exact
         solver pays for whole workers.
         """
-        own = self._own_prices.get(id(variant))
-        return self._instance_price(variant) if own is None else own
+        return self._remembered("price", variant, self._instance_price)
 
     def _instance_price(self, variant: ScalingVariant) -> float:
         pool = self.pool(variant.pool)
@@ -186,8 +207,7 @@ class ScalingProblem:
     def per_worker(self, variant: ScalingVariant) -> int:
         """How many instances of ``variant`` alone fit in one worker of its pool (0: none), at
         most its ``max_per_worker``."""
-        own = self._own_per_worker.get(id(variant))
-        return self._per_worker(variant) if own is None else own
+        return int(self._remembered("per_worker", variant, self._per_worker))
 
     def _per_worker(self, variant: ScalingVariant) -> int:
         fits = self.fluid_per_worker(variant)
@@ -377,8 +397,19 @@ def lambda_price_per_query(lambda_profiles: Iterable[VariantProfile], budget_ms:
 
     Lambda runs one query per invocation, so batch one is the only batch that matters there.
     """
-    prices = [p.cost_per_query(1) for p in lambda_profiles if p.latency_ms(1) <= budget_ms]
-    return min(prices) if prices else None
+    option = lambda_option(lambda_profiles, budget_ms)
+    return None if option is None else option[0]
+
+
+def lambda_option(lambda_profiles: Iterable[VariantProfile], budget_ms: float) -> tuple[float, float] | None:
+    """(price per query, seconds an invocation runs) of the cheapest Lambda variant at batch one
+    within ``budget_ms``, or None when none meets it."""
+    options = [
+        (p.cost_per_query(1), p.latency_ms(1) / 1000.0)
+        for p in lambda_profiles
+        if p.latency_ms(1) <= budget_ms
+    ]
+    return min(options) if options else None
 
 
 # ----------------------------------------------------------------------------- plan arithmetic
@@ -531,6 +562,12 @@ def violations(problem: ScalingProblem, plan: ScalingPlan, tolerance: float = 1e
         )
         if total < problem.need(group) * (1 - tolerance) - tolerance:
             found.append(f"{group.id}: {total:.4f} of {problem.need(group):.4f} QPS covered")
+    if problem.lambda_concurrency is not None:
+        held = problem.lambda_concurrency_used(plan.lambda_qps)
+        if held > problem.lambda_concurrency * (1 + tolerance) + tolerance:
+            found.append(
+                f"Lambda: {held:.4g} concurrent executions > the limit of {problem.lambda_concurrency:g}"
+            )
     for pool in problem.pools:
         workers = plan.workers.get(pool.name, 0)
         if workers < pool.min_workers or (pool.max_workers is not None and workers > pool.max_workers):
