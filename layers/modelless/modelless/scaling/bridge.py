@@ -40,7 +40,6 @@ from scipy.sparse import coo_array
 from modelless.scaling.problem import (
     EPS,
     PlanStatus,
-    ScalingGroup,
     ScalingPlan,
     ScalingProblem,
     explain_unmet,
@@ -181,7 +180,6 @@ def finish_plan(
 ) -> ScalingPlan:
     """A plan from its parts: its costs, why load is unmet, and (``bridge``) its start-up bridge."""
     cost, objective = plan_costs(problem, instances, workers, lambda_qps)
-    groups: dict[str, ScalingGroup] = {g.id: g for g in problem.groups}
     plan = ScalingPlan(
         instances=instances,
         workers=workers,
@@ -193,7 +191,7 @@ def finish_plan(
         status=status,
         solve_seconds=time.perf_counter() - started,
         unmet_qps=unmet,
-        unmet={gid: explain_unmet(problem, groups[gid], qps, workers) for gid, qps in unmet.items()},
+        unmet=explain_unmet(problem, unmet, workers),
         notes=tuple(notes),
         lower_bound=None if lower_bound is None else min(lower_bound, objective),
     )

@@ -19,7 +19,7 @@ from modelless.scaling.problem import EPS, PlanStatus, ScalingPlan, ScalingProbl
 
 # Seconds per variant and per group that building the holding plan takes at most (measured:
 # about 0.3 µs per variant and 4 µs per group on the 2-core benchmark machine; 4 times that for a busy one).
-HOLD_S_PER_VARIANT = 1.5e-6
+HOLD_S_PER_VARIANT = 3e-6
 HOLD_S_PER_GROUP = 20e-6
 HOLD_S_FIXED = 0.005
 CHECK_EVERY = 256  # loop iterations between two looks at the clock
@@ -87,6 +87,18 @@ def holding_plan(problem: ScalingProblem, solver: str, started: float, why: str)
             unmet[group.id] = rest
     status = PlanStatus.INFEASIBLE_PARTIAL if unmet else PlanStatus.TIME_LIMIT
     notes = (f"{why}; holding plan: what runs now stays, Lambda takes the rest",)
+    # No bridge: the plan starts nothing (what runs now is all it has).
     return finish_plan(
-        problem, instances, workers, lambda_qps, served, unmet, solver, status, started, notes, None
+        problem,
+        instances,
+        workers,
+        lambda_qps,
+        served,
+        unmet,
+        solver,
+        status,
+        started,
+        notes,
+        None,
+        bridge=False,
     )

@@ -96,6 +96,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -280,6 +281,8 @@ def _build(
     patterns: bool,
     with_stand_ins: bool = False,
     deadline: Deadline | None = None,
+    packing: Sequence[tuple[tuple[int, str], int]] | None = None,
+    slots: Mapping[int, int] | None = None,
 ) -> _Model:
     """The program: patterns for every component (when ``patterns``), blocks for ``blocks``
     (switched by m[c] when there are patterns; always on when not), and for the components
@@ -311,7 +314,9 @@ def _build(
     # Packing rows (dual feasible functions, module docstring): Σ f_k(share)·n <= w per pool,
     # resource and k, where some usable variant's f_k(share) exceeds its share.
     packing_rows: dict[tuple[int, str, int], int] = {}
-    for (pi, resource), k in _useful_packing_rows(problem, usable, deadline):
+    if packing is None:
+        packing = _useful_packing_rows(problem, usable, deadline)
+    for (pi, resource), k in packing:
         packing_rows[(pi, resource, k)] = b.row([(w_cols[pi], -1.0)], -math.inf, 0.0)
 
     def use(col: int, variant: ScalingVariant, copies: int = 1) -> None:
@@ -442,6 +447,9 @@ def _build(
             more = float(component.most + 1)
             b.row([(n_cols[vi], 1.0) for vi in component.variants] + [(switch, -more)], 0.0, math.inf)
 
+    if slots:
+        _assign(b, problem, n_cols, w_cols, slots)
+
     shape = (len(b.row_lower), len(b.c))
     matrix = coo_array((b.vals, (b.rows, b.cols)), shape=shape).tocsr()
     return _Model(
@@ -465,6 +473,45 @@ def _build(
         choice_rows=choice_rows,
         blocks=blocks,
     )
+
+
+def _assign(
+    b: _Builder,
+    problem: ScalingProblem,
+    n_cols: Mapping[int, int],
+    w_cols: Mapping[int, int],
+    slots: Mapping[int, int],
+) -> None:
+    """Explicit packing for the pools of ``slots`` (pool index -> worker slots): copies y[v,j] of
+    each variant on each slot j, ``sum_j y[v,j] = n[v]``, every slot within a worker's capacity in
+    every resource when it is on (o[j]), slots on in order, ``sum_j o[j] <= w[p]``. Exact: a plan
+    of this model packs onto its workers (module docstring)."""
+    members: dict[int, list[int]] = {}
+    pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
+    for vi in n_cols:
+        members.setdefault(pool_index[problem.variants[vi].pool], []).append(vi)
+    for pi, count in slots.items():
+        pool = problem.pools[pi]
+        variants = members.get(pi, [])
+        limit = {vi: float(problem.per_worker(problem.variants[vi])) for vi in variants}
+        on = [b.column(0.0, 0.0, 1.0, True) for _ in range(count)]
+        copies = {vi: [b.column(0.0, 0.0, limit[vi], True) for _ in range(count)] for vi in variants}
+        for vi, columns in copies.items():
+            b.row([*((col, 1.0) for col in columns), (n_cols[vi], -1.0)], 0.0, 0.0)
+        for j in range(count):
+            for resource, capacity in pool.capacity.items():
+                entries = [
+                    (copies[vi][j], problem.variants[vi].demand.get(resource, 0.0))
+                    for vi in variants
+                    if problem.variants[vi].demand.get(resource, 0.0) > 0
+                ]
+                if entries:
+                    b.row([*entries, (on[j], -capacity)], -math.inf, 0.0)
+            for vi in variants:  # a copy needs its slot on (also where the variant demands nothing)
+                b.row([(copies[vi][j], 1.0), (on[j], -limit[vi])], -math.inf, 0.0)
+            if j:
+                b.row([(on[j], 1.0), (on[j - 1], -1.0)], -math.inf, 0.0)
+        b.row([*((col, 1.0) for col in on), (w_cols[pi], -1.0)], -math.inf, 0.0)
 
 
 # ----------------------------------------------------------------------------- solving
@@ -747,12 +794,13 @@ def _solve(
 
     usable = usable_variants(problem, hard)
     components = components_of(problem, usable, hard)
+    packing = _useful_packing_rows(problem, usable, hard)  # the same for every model below
     forced = frozenset(ci for ci, component in enumerate(components) if not component.patterns)
 
     # 1. What every plan costs at least, by LP duality; and where another instance may pay,
     #    patterns of one instance more (then the LP again), until none may.
     modelled = time.perf_counter()
-    model = _build(problem, components, usable, forced, patterns=True, deadline=hard)
+    model = _build(problem, components, usable, forced, patterns=True, deadline=hard, packing=packing)
     if model.c.size == 0:  # no pool and no load: nothing to decide (HiGHS takes no empty LP)
         return finish_plan(problem, {}, {}, {}, {}, {}, SOLVER, PlanStatus.OPTIMAL, started, (), 0.0)
     duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
@@ -767,13 +815,20 @@ def _solve(
         if not paying or deadline - time.perf_counter() < time_limit_s / 2:  # else the plan first
             break
         forced = forced | _grow(problem, components, paying, deadline=hard)
-        model = _build(problem, components, usable, forced, patterns=True, deadline=hard)
+        model = _build(problem, components, usable, forced, patterns=True, deadline=hard, packing=packing)
         duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
+
+    # Anytime: the LP's rounding is the first plan, should the deadline come during the MILP.
+    if duals is not None and (early := _rounded(problem, model, duals.x)) is not None:
+        incumbent.model, incumbent.x = model, early
 
     # 2. The plan: patterns, and blocks where a component has no pattern.
     first = _attempt(model, min(left(), PLAN_SHARE * time_limit_s))
     if first.status == _INFEASIBLE:
-        return _complete(problem, components, usable, started, deadline, time_limit_s)
+        partial = _complete(problem, components, usable, started, deadline, time_limit_s)
+        if _failing_pools(problem, partial):
+            partial = _packed_optimum(problem, components, usable, started, deadline, time_limit_s, partial)
+        return partial
     rounded = None if duals is None or first.status == _OPTIMAL else _rounded(problem, model, duals.x)
     if rounded is not None and (first.value is None or float(model.c @ rounded) < first.value):
         first = _Attempt(first.status, rounded, float(model.c @ rounded), None, first.message)
@@ -789,7 +844,14 @@ def _solve(
     proven = first.status == _OPTIMAL and lower >= best_value * (1 - MIP_GAP)
     while not proven and deadline - RESERVE_SHARE * time_limit_s - time.perf_counter() > round_cost:
         relaxed = _build(
-            problem, components, usable, blocks, patterns=True, with_stand_ins=True, deadline=hard
+            problem,
+            components,
+            usable,
+            blocks,
+            patterns=True,
+            with_stand_ins=True,
+            deadline=hard,
+            packing=packing,
         )
         # Its LP: a bound, and the duals that price the ways no plan cheaper than the best one
         # can hold (the stand-ins for them need no column: module docstring).
@@ -841,6 +903,8 @@ def _solve(
     notes = [] if proven else [f"milp: time limit of {time_limit_s:g} s reached before optimality was proven"]
     bound = None if lower == -math.inf else lower * model.scale
     plan = _plan(problem, best_model, best_x, status, started, notes, bound)
+    if _failing_pools(problem, plan):
+        plan = _packed_optimum(problem, components, usable, started, deadline, time_limit_s, plan)
     if plan.status is not PlanStatus.TIME_LIMIT or (plan.gap is not None and plan.gap <= POOR_GAP):
         return plan
     # HiGHS stopped with an incumbent that may be far from the optimum (on 500 architectures,
@@ -852,6 +916,64 @@ def _solve(
     if greedy.objective < plan.objective and not greedy.unmet_qps:
         return greedy
     return replace(plan, solve_seconds=time.perf_counter() - started)
+
+
+# Explicit packing is added where the plan of the fluid and packing rows did not pack, while its
+# model stays this small (copies columns: the usable variants of those pools times their slots).
+MOST_ASSIGNMENT_COLUMNS = 4000
+
+
+def _failing_pools(problem: ScalingProblem, plan: ScalingPlan) -> set[int]:
+    """Pools where reading ``plan`` had to add workers or drop instances to pack it (its notes)."""
+    pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
+    failing = set()
+    for note in plan.notes:
+        name = note.split(":", 1)[0]
+        if name in pool_index and ("first-fit packing" in note or "do not fit" in note):
+            failing.add(pool_index[name])
+    return failing
+
+
+def _packed_optimum(
+    problem: ScalingProblem,
+    components: Sequence[Component],
+    usable: Sequence[int],
+    started: float,
+    deadline: float,
+    time_limit_s: float,
+    plan: ScalingPlan,
+) -> ScalingPlan:
+    """The program with explicit packing (``_assign``) for the pools where ``plan`` did not
+    pack, then for any other pool whose plan does not, while the model stays small and time is
+    left; the better of it and ``plan`` (less unmet, then cheaper). Worker slots per pool: as
+    many as a plan no dearer than ``plan`` could pay for, within the pool's limit. A plan of
+    such a model is optimal for the program: every plan that packs is a plan of it."""
+    members = Counter(problem.variants[vi].pool for vi in usable)
+    failing = _failing_pools(problem, plan)
+    slots: dict[int, int] = {}
+    best = plan
+    while failing - set(slots):
+        for pi in failing:
+            pool = problem.pools[pi]
+            if pool.price_per_worker_second > 0:
+                affordable = math.floor(best.objective / pool.price_per_worker_second + 1e-9)
+            else:
+                affordable = int(_worker_bound(problem, pi, usable))
+            limit = affordable if pool.max_workers is None else min(pool.max_workers, affordable)
+            slots[pi] = max(pool.min_workers, limit, 1)
+        columns = sum(members[problem.pools[pi].name] * count for pi, count in slots.items())
+        if columns > MOST_ASSIGNMENT_COLUMNS or deadline - time.perf_counter() < RESERVE_SHARE * time_limit_s:
+            break
+        found = _complete(problem, components, usable, started, deadline, time_limit_s, slots)
+        if found.solver != SOLVER:
+            break  # the MILP found nothing in time: that was the greedy's plan
+        unmet, best_unmet = sum(found.unmet_qps.values()), sum(best.unmet_qps.values())
+        if unmet < best_unmet - EPS or (unmet <= best_unmet + EPS and found.objective <= best.objective):
+            best = found
+        failing = _failing_pools(problem, found)
+        if not failing:
+            break
+    return best
 
 
 def _grow(
@@ -899,9 +1021,11 @@ def _complete(
     started: float,
     deadline: float,
     time_limit_s: float,
+    slots: Mapping[int, int] | None = None,
 ) -> ScalingPlan:
     """Blocks for every component, no patterns: the program as INFaaS writes it. For problems
-    the patterns cannot serve, and for partial plans when nothing can serve everything."""
+    the patterns cannot serve, and for partial plans when nothing can serve everything. With
+    ``slots``, explicit packing for those pools (``_assign``)."""
     model = _build(
         problem,
         components,
@@ -909,11 +1033,13 @@ def _complete(
         frozenset(range(len(components))),
         patterns=False,
         deadline=Deadline(deadline),
+        slots=slots,
     )
+    packed = frozenset(problem.pools[pi].name for pi in slots or {})
     result = _attempt(model, _until(deadline, time_limit_s))
     if result.status == _OPTIMAL and result.x is not None:
         lower = None if result.dual_bound is None else result.dual_bound * model.scale
-        return _plan(problem, model, result.x, PlanStatus.OPTIMAL, started, [], lower)
+        return _plan(problem, model, result.x, PlanStatus.OPTIMAL, started, [], lower, packed)
     if result.status != _INFEASIBLE:
         return _fallback(problem, started, deadline, time_limit_s, None, result.message)
 
@@ -939,9 +1065,9 @@ def _complete(
     cheapest = _milp(model, model.c, upper, _until(deadline, time_limit_s), (unmet_mask, bound))
     if cheapest.status == _OPTIMAL or (cheapest.status == _LIMIT and cheapest.x is not None):
         notes = [] if cheapest.status == _OPTIMAL else ["time limit reached while pricing the partial plan"]
-        return _plan(problem, model, cheapest.x, PlanStatus.INFEASIBLE_PARTIAL, started, notes, None)
+        return _plan(problem, model, cheapest.x, PlanStatus.INFEASIBLE_PARTIAL, started, notes, None, packed)
     notes = ["partial plan not priced"]
-    return _plan(problem, model, least.x, PlanStatus.INFEASIBLE_PARTIAL, started, notes, None)
+    return _plan(problem, model, least.x, PlanStatus.INFEASIBLE_PARTIAL, started, notes, None, packed)
 
 
 # ----------------------------------------------------------------------------- reading a plan
@@ -1003,9 +1129,10 @@ def _plan(
     started: float,
     notes: list[str],
     lower_bound: float | None,
+    packed: frozenset[str] = frozenset(),
 ) -> ScalingPlan:
     instances, workers, lambda_qps, served, unmet = _read(problem, model, x)
-    status = _pack(problem, instances, workers, lambda_qps, served, unmet, notes, status)
+    status = _pack(problem, instances, workers, lambda_qps, served, unmet, notes, status, packed)
     if unmet:
         status = PlanStatus.INFEASIBLE_PARTIAL
     return finish_plan(
@@ -1022,11 +1149,15 @@ def _pack(
     unmet: dict[str, float],
     notes: list[str],
     status: PlanStatus,
+    exact_pools: frozenset[str] = frozenset(),
 ) -> PlanStatus:
-    """Check the worker counts against a first-fit packing (module docstring). An optimal plan
-    whose packing needs more workers is optimal no longer: it says so, and becomes feasible."""
+    """Check the worker counts against a first-fit packing (module docstring), except in the
+    ``exact_pools``, whose packing the model made explicit. An optimal plan whose packing needs
+    more workers is optimal no longer: it says so, and becomes feasible."""
     by_id = {v.id: v for v in problem.variants}
     for pool in problem.pools:
+        if pool.name in exact_pools:
+            continue
         members = (v for v in problem.variants if v.pool == pool.name)
         items = [v for v in members for _ in range(instances.get((v.id, v.pool), 0))]
         packed = first_fit_workers(pool, items) if items else 0

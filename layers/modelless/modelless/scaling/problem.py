@@ -500,17 +500,37 @@ def plan_costs(
 
 
 def explain_unmet(
-    problem: ScalingProblem, group: ScalingGroup, unmet_qps: float, workers: Mapping[str, int]
+    problem: ScalingProblem, unmet: Mapping[str, float], workers: Mapping[str, int]
+) -> dict[str, str]:
+    """Group -> why its ``unmet`` QPS has nowhere to go, for an operator to read (one pass over
+    the variants for all groups: a plan may leave thousands unmet)."""
+    if not unmet:
+        return {}
+    pools_of: dict[str, set[str]] = {group_id: set() for group_id in unmet}
+    for variant in problem.variants:
+        for group_id, q in variant.saturation_qps.items():
+            if q > 0 and group_id in pools_of:
+                pools_of[group_id].add(variant.pool)
+    groups = {g.id: g for g in problem.groups}
+    return {
+        group_id: _why_unmet(problem, groups[group_id], qps, sorted(pools_of[group_id]), workers)
+        for group_id, qps in unmet.items()
+    }
+
+
+def _why_unmet(
+    problem: ScalingProblem,
+    group: ScalingGroup,
+    unmet_qps: float,
+    pools: list[str],
+    workers: Mapping[str, int],
 ) -> str:
-    """Why ``unmet_qps`` of ``group`` has nowhere to go, for an operator to read."""
     need = problem.need(group)
     head = f"{unmet_qps:.4g} of {need:.4g} QPS cannot be served"
-    eligible = [v for v in problem.variants if problem_q(v, group.id) > 0 and problem.per_worker(v) > 0]
     reasons: list[str] = []
-    if not eligible:
+    if not pools:
         reasons.append(f"no variant meets its {group.latency_budget_ms:g} ms budget on any pool")
     else:
-        pools = sorted({v.pool for v in eligible})
         full = []
         for name in pools:
             pool = problem.pool(name)
@@ -524,6 +544,8 @@ def explain_unmet(
         reasons.append("Lambda fallback disabled")
     elif group.lambda_price_per_query is None:
         reasons.append("no Lambda variant for this group")
+    elif problem.lambda_concurrency is not None:
+        reasons.append(f"Lambda's concurrency ({problem.lambda_concurrency:g}) is taken")
     return f"{head}: " + "; ".join(reasons)
 
 
