@@ -819,11 +819,27 @@ def _solve(
         duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
 
     # Anytime: the LP's rounding is the first plan, should the deadline come during the MILP.
-    if duals is not None and (early := _rounded(problem, model, duals.x)) is not None:
+    early = None if duals is None else _rounded(problem, model, duals.x)
+    if early is not None:
         incumbent.model, incumbent.x = model, early
 
-    # 2. The plan: patterns, and blocks where a component has no pattern.
-    first = _attempt(model, min(left(), PLAN_SHARE * time_limit_s))
+    # 2. The plan: patterns, and blocks where a component has no pattern. With the rounding as
+    #    the plan to beat, reduced-cost fixing: a column whose LP reduced cost exceeds the
+    #    rounding's objective less the LP's bound is in no solution cheaper than the rounding,
+    #    so it is fixed at 0, and HiGHS looks only for cheaper solutions (the rounding's
+    #    objective as its cutoff); finding none proves the rounding optimal for this model.
+    if early is not None and duals is not None:
+        upper_bound = float(model.c @ early)
+        fixed = _fixed_by_reduced_cost(model, duals, upper_bound)
+        first = _attempt(
+            model, min(left(), PLAN_SHARE * time_limit_s), fixed, upper_bound * (1 + CUTOFF_SLACK)
+        )
+        if first.x is None and first.status == _OPTIMAL:  # nothing cheaper than the rounding
+            first = _Attempt(_OPTIMAL, early, upper_bound, upper_bound, first.message)
+        elif first.x is None:  # stopped before finding one: the rounding is the plan
+            first = _Attempt(_LIMIT, early, upper_bound, first.dual_bound, first.message)
+    else:
+        first = _attempt(model, min(left(), PLAN_SHARE * time_limit_s))
     if first.status == _INFEASIBLE:
         partial = _complete(problem, components, usable, started, deadline, time_limit_s)
         if _failing_pools(problem, partial):
@@ -865,10 +881,8 @@ def _solve(
                 proven = True
                 break
             prices = Prices(lp.capacity, lp.choice, relaxed.scale, best_value - lp.bound)
-            upper = upper.copy()
-            for col in relaxed.stand_in_cols:
-                if lp.reduced[col] > within(prices.slack):
-                    upper[col] = 0.0
+            # Every integer column, stand-ins included, that no plan cheaper than the best holds.
+            upper = _fixed_by_reduced_cost(relaxed, lp, best_value)
         cutoff = best_value * (1 + CUTOFF_SLACK) + CUTOFF_SLACK
         result = _attempt(relaxed, HIGHS_SHARE * left(), upper, cutoff)
         if result.dual_bound is not None:  # a relaxation of every plan cheaper than the best
@@ -974,6 +988,19 @@ def _packed_optimum(
         if not failing:
             break
     return best
+
+
+def _fixed_by_reduced_cost(model: _Model, duals: _Duals, upper_bound: float) -> Vector:
+    """``model.upper`` with every column at 0 whose LP reduced cost exceeds ``upper_bound`` less
+    the LP's bound (scaled units): a solution using one costs at least the bound plus its
+    reduced cost, more than the plan already in hand. Integer columns whose lower bound is 0
+    only: a solution that uses one uses a whole unit of it."""
+    room = upper_bound - duals.bound
+    upper = model.upper.copy()
+    integer = model.integrality == 1  # a continuous column may be used a little, for less
+    fix = integer & (model.lower == 0.0) & (duals.reduced > room + 1e-9 * (1.0 + abs(upper_bound)))
+    upper[fix] = 0.0
+    return upper
 
 
 def _grow(
