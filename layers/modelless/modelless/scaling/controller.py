@@ -229,17 +229,27 @@ class Scaler:
     ) -> tuple[ScalingProblem, dict[str, Provisioning]]:
         """``problem`` with each group's load raised to its envelope (modelless.scaling.envelope)."""
         series = self._store.load_series(self._config.envelope_history_s, now)
+        means = {group.id: problem.need(group) for group in problem.groups}
         cheapest: dict[str, float] = {}  # group -> $/s per QPS on its cheapest variant
+        whole: dict[str, float] = {}  # group -> $/s of the fewest whole instances for its mean
         for variant in problem.variants:
             price = problem.instance_price(variant)
             for group_id, q in variant.saturation_qps.items():
                 if q > 0 and problem.per_worker(variant) > 0:
                     cheapest[group_id] = min(cheapest.get(group_id, math.inf), price / q)
+                    instances = max(1, math.ceil(means.get(group_id, 0.0) / q - 1e-9))
+                    whole[group_id] = min(whole.get(group_id, math.inf), instances * price)
         concurrency = self._config.lambda_concurrency
         provisioned: dict[str, Provisioning] = {}
         groups = []
         for group in problem.groups:
             seconds = group.lambda_seconds_per_query
+            price = group.lambda_price_per_query
+            if price is not None and means[group.id] * price <= whole.get(group.id, math.inf):
+                # Lambda is cheaper than a whole instance for the mean: bursts cost it no more
+                # per query, so the envelope changes nothing (and must not price them as steady).
+                groups.append(group)
+                continue
             found = provision(
                 series.get(group.id, []),
                 group.load_qps,

@@ -23,6 +23,9 @@ decision (InferLine's tuner provisions for the arrival envelope; INFaaS for the 
 - Lambda's limits: C is at least the highest one-second rate less what Lambda's concurrency
   share can run at once (``lambda_qps_limit``); a burst Lambda cannot take must be provisioned.
 
+A group whose mean load Lambda serves for less than the fewest whole instances it would need is
+left at its mean (the controller's ``_for_envelope``): Lambda costs the same per query in a burst,
+and pricing the envelope as steady load would make hardware look worth it where it is not.
 The provisioned load is never below the mean over the scaler's window. Scale-down keeps the
 scaler's hold (``ScaleDownHold``): a group whose envelope falls keeps its instances that long.
 All pure functions of explicit inputs.

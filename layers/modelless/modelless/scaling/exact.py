@@ -998,7 +998,7 @@ def _fixed_by_reduced_cost(model: _Model, duals: _Duals, upper_bound: float) -> 
     room = upper_bound - duals.bound
     upper = model.upper.copy()
     integer = model.integrality == 1  # a continuous column may be used a little, for less
-    fix = integer & (model.lower == 0.0) & (duals.reduced > room + 1e-9 * (1.0 + abs(upper_bound)))
+    fix = integer & (model.lower == 0.0) & (duals.reduced > within(room))
     upper[fix] = 0.0
     return upper
 
