@@ -244,8 +244,8 @@ class Scaler:
         groups = []
         for group in problem.groups:
             seconds = group.lambda_seconds_per_query
-            price = group.lambda_price_per_query
-            if price is not None and means[group.id] * price <= whole.get(group.id, math.inf):
+            per_query = group.lambda_price_per_query
+            if per_query is not None and means[group.id] * per_query <= whole.get(group.id, math.inf):
                 # Lambda is cheaper than a whole instance for the mean: bursts cost it no more
                 # per query, so the envelope changes nothing (and must not price them as steady).
                 groups.append(group)
