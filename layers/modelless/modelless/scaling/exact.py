@@ -80,15 +80,25 @@ A component's block (z are fractions of a group's need, so the rows are well sca
 The unmet columns ``u`` are fixed to 0; when the program is infeasible (not enough capacity
 anywhere, no Lambda) it is solved again with blocks only (every component, ``m = 1``: the
 compact program), the unmet columns freed, lexicographically: first the least total unmet QPS,
-then the cheapest plan that leaves no more than that unmet. When HiGHS finds no plan at all in
-time, the plan is the greedy's; when the deadline stops it with a plan whose certified gap is over
-``POOR_GAP``, the greedy's plan replaces it where cheaper (the greedy's first pass runs whatever the
-time: the one case where the call overruns its deadline by design).
+then the cheapest plan that leaves no more than that unmet.
 
-The aggregate resource rows are a fluid relaxation of packing instances into workers: the plan
-is checked against a first-fit packing; where that needs more workers the plan takes them (and
-is no longer called optimal: its lower bound still holds), and where the pool's limit forbids
-them the instances that do not fit are dropped and their load goes to Lambda, or is unmet.
+**Packing.** The aggregate resource rows count a worker's resources as if instances could be
+cut. Every model also has, per pool and resource where they bind, rows from Fekete and Schepers'
+dual feasible functions ``u^(k)`` (:func:`packing_share`): ``Σ u^(k)(share)·n <= w``, which every
+real packing satisfies (items over half a worker need one each, ...). A plan is checked against
+a first-fit packing; where that needs more workers (or the pool's limit forbids them), the
+program is solved again with *explicit packing* for those pools (:func:`_assign`: copies per
+worker slot, each slot within a worker's capacity), then for any other pool whose plan does not
+pack, while that model stays small (``MOST_ASSIGNMENT_COLUMNS``); its plan packs by
+construction. Beyond that, the plan takes the workers first-fit needs (or drops what does not
+fit: its load goes to Lambda or is unmet) and is called ``feasible``: its lower bound still holds.
+
+**The deadline** (:mod:`modelless.scaling.deadline`) is for the whole call. The long loops read
+the clock; the LP's rounding is the first plan, and with it *reduced-cost fixing*: an integer
+column whose LP reduced cost exceeds the best plan's objective less the LP's bound is in no
+cheaper plan, so it is fixed at 0, in the plan's MILP and in every proof round. Past the
+deadline the call returns the best plan found so far, or, where HiGHS found none, the greedy's
+(under the same deadline), or the holding plan (what runs now stays, Lambda takes the rest).
 """
 
 from __future__ import annotations
