@@ -933,7 +933,7 @@ def _solve(
         return plan
     # HiGHS stopped with an incumbent that may be far from the optimum (on 500 architectures,
     # one seeded problem in three had one twice the optimum's cost): the greedy's plan, when
-    # cheaper. Its first pass runs whatever the time, so this overruns the deadline.
+    # cheaper, found by the same deadline.
     gap = "none certified" if plan.gap is None else f"a certified gap of {plan.gap:.1%}"
     why = f"time limit of {time_limit_s:g} s reached with {gap}"
     greedy = _fallback(problem, started, deadline, time_limit_s, bound, why)
