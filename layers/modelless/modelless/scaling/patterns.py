@@ -90,43 +90,84 @@ def usable_variants(problem: ScalingProblem, deadline: Deadline | None = None) -
         load_cost[vi] = problem.load_cost(problem.variants[vi])
         carries_all[vi] = sum(needs[g] / q for g, q in active[vi].items()) <= 1.0 + 1e-9
 
-    def dominance(members: list[int]) -> Any:
-        """matrix[i, j]: members[i] dominates members[j] (numpy, one (pool, group) at a time)."""
-        resources = sorted({r for vi in members for r in problem.variants[vi].demand})
-        groups = sorted({g for vi in members for g in active[vi]})
-        demand = np.array([[problem.variants[vi].demand.get(r, 0.0) for r in resources] for vi in members])
-        speed = np.array([[active[vi].get(g, 0.0) for g in groups] for vi in members])
-        cost = np.array([load_cost[vi] for vi in members])
-        limited = np.array([problem.variants[vi].max_per_worker is not None for vi in members])
-        carries = np.array([carries_all[vi] for vi in members])
-        matrix = (cost[:, None] <= cost[None, :]) & (
-            (~limited[:, None] & ~limited[None, :]) | carries[:, None]
-        )
-        matrix &= np.all(demand[:, None, :] <= demand[None, :, :], axis=2)
-        matrix &= np.all(speed[:, None, :] >= speed[None, :, :], axis=2)
-        return matrix
-
-    beaten: dict[tuple[str, str], tuple[dict[int, int], Any]] = {}  # per (pool, group)
-    kept: list[int] = []
-    for position, vi in enumerate(candidates):
-        if deadline is not None and position % CHECK_EVERY == 0:
-            deadline.check()
+    # The keys whose dominance decides something: (pool, first group) of a variant not running.
+    keys: dict[tuple[str, str], None] = {}
+    for vi in candidates:
         variant = problem.variants[vi]
         if variant.running == 0:
-            key = (variant.pool, next(iter(active[vi])))
-            if key not in beaten:
-                members = serving[key]
-                matrix = dominance(members)
-                # Ties (identical variants) keep the first one only.
-                earlier = np.arange(len(members))[:, None] < np.arange(len(members))[None, :]
-                np.fill_diagonal(matrix, False)
-                lost = (matrix & (earlier | ~matrix.T)).any(axis=0)
-                beaten[key] = ({m: i for i, m in enumerate(members)}, lost)
-            rank, lost = beaten[key]
-            if lost[rank[vi]]:
-                continue
-        kept.append(vi)
-    return kept
+            keys[(variant.pool, next(iter(active[vi])))] = None
+    lost: dict[int, bool] = {}
+    small = [key for key in keys if len(serving[key]) <= BATCHED_MEMBERS]
+    for start in range(0, len(small), BATCH_KEYS):
+        if deadline is not None:
+            deadline.check()
+        batch = small[start : start + BATCH_KEYS]
+        for key, beaten in zip(
+            batch,
+            _dominated([serving[k] for k in batch], problem, active, load_cost, carries_all),
+            strict=True,
+        ):
+            for vi, gone in zip(serving[key], beaten, strict=True):
+                if problem.variants[vi].running == 0 and next(iter(active[vi])) == key[1]:
+                    lost[vi] = gone
+    for key in keys:
+        if len(serving[key]) > BATCHED_MEMBERS:
+            if deadline is not None:
+                deadline.check()
+            (beaten,) = _dominated([serving[key]], problem, active, load_cost, carries_all)
+            for vi, gone in zip(serving[key], beaten, strict=True):
+                if problem.variants[vi].running == 0 and next(iter(active[vi])) == key[1]:
+                    lost[vi] = gone
+    return [vi for vi in candidates if not lost.get(vi, False)]
+
+
+BATCHED_MEMBERS = 32  # keys with more members than this get a matrix of their own
+BATCH_KEYS = 2048  # keys per batched matrix
+
+
+def _dominated(
+    member_lists: Sequence[list[int]],
+    problem: ScalingProblem,
+    active: Mapping[int, Mapping[str, float]],
+    load_cost: Mapping[int, float],
+    carries_all: Mapping[int, bool],
+) -> list[Any]:
+    """Per list of members (the variants of one pool serving one group), which of them another
+    member dominates (``usable_variants``): all lists at once, padded to the longest, in numpy.
+    ``beats[k, i, j]``: member i of list k dominates member j; of identical ones the first stays."""
+    count = len(member_lists)
+    width = max(len(members) for members in member_lists)
+    resources = sorted({r for members in member_lists for vi in members for r in problem.variants[vi].demand})
+    column = {r: i for i, r in enumerate(resources)}
+    group_lists = [sorted({g for vi in members for g in active[vi]}) for members in member_lists]
+    depth = max(len(groups) for groups in group_lists)
+    demand = np.full((count, width, len(resources)), np.inf)
+    speed = np.zeros((count, width, depth))
+    cost = np.full((count, width), np.inf)
+    limited = np.ones((count, width), dtype=bool)
+    carries = np.zeros((count, width), dtype=bool)
+    for k, (members, groups) in enumerate(zip(member_lists, group_lists, strict=True)):
+        place = {g: i for i, g in enumerate(groups)}
+        for i, vi in enumerate(members):
+            variant = problem.variants[vi]
+            demand[k, i, :] = 0.0
+            for resource, amount in variant.demand.items():
+                demand[k, i, column[resource]] = amount
+            for group_id, q in active[vi].items():
+                speed[k, i, place[group_id]] = q
+            cost[k, i] = load_cost[vi]
+            limited[k, i] = variant.max_per_worker is not None
+            carries[k, i] = carries_all[vi]
+    beats = (cost[:, :, None] <= cost[:, None, :]) & (
+        (~limited[:, :, None] & ~limited[:, None, :]) | carries[:, :, None]
+    )
+    beats &= np.all(demand[:, :, None, :] <= demand[:, None, :, :], axis=3)
+    beats &= np.all(speed[:, :, None, :] >= speed[:, None, :, :], axis=3)
+    index = np.arange(width)
+    beats[:, index, index] = False
+    earlier = index[:, None] < index[None, :]
+    gone: Any = (beats & (earlier[None, :, :] | ~np.transpose(beats, (0, 2, 1)))).any(axis=1)
+    return [gone[k, : len(members)] for k, members in enumerate(member_lists)]
 
 
 def components_of(

@@ -28,7 +28,7 @@ plan says how much, for how long and at what price.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
@@ -150,22 +150,27 @@ class ScalingProblem:
         return {pool.name: pool for pool in self.pools}
 
     @cached_property
-    def _memo(self) -> dict[tuple[str, int], tuple[ScalingVariant, float]]:
-        """instance_price and per_worker, by variant identity, filled as they are asked for (the
-        solvers ask thousands of times; filling it all at once would not respect a deadline).
-        The entry holds its variant, so that no other object can take its identity."""
+    def _memo(self) -> dict[int, tuple[ScalingVariant, float, int, float]]:
+        """Per variant, by identity: (it, instance_price, per_worker, load_cost), filled as they
+        are asked for (the solvers ask thousands of times; filling it all at once would not
+        respect a deadline). The entry holds its variant, so no other object takes its identity."""
         return {}
 
-    def _remembered(
-        self, kind: str, variant: ScalingVariant, compute: Callable[[ScalingVariant], float]
-    ) -> float:
-        key = (kind, id(variant))
-        found = self._memo.get(key)
+    def _facts(self, variant: ScalingVariant) -> tuple[ScalingVariant, float, int, float]:
+        found = self._memo.get(id(variant))
         if found is not None and found[0] is variant:
-            return found[1]
-        value = compute(variant)
-        self._memo[key] = (variant, value)
-        return value
+            return found
+        pool = self._pools_by_name[variant.pool]
+        share = _share(pool, variant)
+        price = pool.price_per_worker_second * share
+        facts = (
+            variant,
+            price,
+            _whole_copies(share, variant.max_per_worker),
+            self.load_cost_weight * price * variant.load_time_ms / 1000.0,
+        )
+        self._memo[id(variant)] = facts
+        return facts
 
     def pool(self, name: str) -> ScalingPool:
         return self._pools_by_name[name]
@@ -189,40 +194,42 @@ class ScalingProblem:
         Used by the greedy to rank variants and by the load-cost term (INFaaS's C_ij); the exact
         solver pays for whole workers.
         """
-        return self._remembered("price", variant, self._instance_price)
-
-    def _instance_price(self, variant: ScalingVariant) -> float:
-        pool = self.pool(variant.pool)
-        share = 0.0
-        for resource, amount in variant.demand.items():
-            if amount > 0:
-                capacity = pool.capacity.get(resource, 0.0)
-                share = max(share, amount / capacity if capacity > 0 else math.inf)
-        return pool.price_per_worker_second * share
+        return self._facts(variant)[1]
 
     def load_cost(self, variant: ScalingVariant) -> float:
         """What loading one new instance of ``variant`` adds to the objective: λ·C·T_load."""
-        return self.load_cost_weight * self.instance_price(variant) * variant.load_time_ms / 1000.0
+        return self._facts(variant)[3]
 
     def per_worker(self, variant: ScalingVariant) -> int:
         """How many instances of ``variant`` alone fit in one worker of its pool (0: none), at
         most its ``max_per_worker``."""
-        return int(self._remembered("per_worker", variant, self._per_worker))
-
-    def _per_worker(self, variant: ScalingVariant) -> int:
-        fits = self.fluid_per_worker(variant)
-        whole = 1_000_000 if fits == math.inf else math.floor(fits + 1e-9)  # inf: demands nothing
-        if variant.max_per_worker is not None:
-            whole = min(whole, variant.max_per_worker)
-        return whole
+        return self._facts(variant)[2]
 
     def fluid_per_worker(self, variant: ScalingVariant) -> float:
         """Copies of ``variant`` a worker's resources hold counted fractionally (inf: no demand)."""
-        pool = self.pool(variant.pool)
-        return min(
-            (pool.capacity.get(r, 0.0) / amount for r, amount in variant.demand.items() if amount > 0),
-            default=math.inf,
-        )
+        share = _share(self.pool(variant.pool), variant)
+        return math.inf if share == 0 else 1.0 / share
+
+
+def _share(pool: ScalingPool, variant: ScalingVariant) -> float:
+    """The dominant resource's share of a worker of ``pool`` one instance takes."""
+    share = 0.0
+    for resource, amount in variant.demand.items():
+        if amount > 0:
+            capacity = pool.capacity.get(resource, 0.0)
+            share = max(share, amount / capacity if capacity > 0 else math.inf)
+    return share
+
+
+def _whole_copies(share: float, max_per_worker: int | None) -> int:
+    """Whole copies a worker holds of an instance taking ``share`` of it, at most ``max_per_worker``."""
+    if share == math.inf:
+        whole = 0
+    elif share == 0:
+        whole = 1_000_000  # it demands nothing
+    else:
+        whole = math.floor(1.0 / share + 1e-9)
+    return whole if max_per_worker is None else min(whole, max_per_worker)
 
 
 @dataclass(frozen=True)
