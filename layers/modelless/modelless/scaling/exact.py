@@ -266,20 +266,25 @@ def _useful_packing_rows(
     """The (pool, resource), k of the packing rows worth adding: those where some usable
     variant's u^(k) share exceeds its share (elsewhere the row is the fluid one, or looser)."""
     pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
-    found: set[tuple[tuple[int, str], int]] = set()
+    shares: dict[tuple[int, str], list[float]] = {}
     for position, vi in enumerate(usable):
         if deadline is not None and position % CHECK_EVERY == 0:
             deadline.check()
         variant = problem.variants[vi]
         pi = pool_index[variant.pool]
+        capacities = problem.pools[pi].capacity
         for resource, amount in variant.demand.items():
-            capacity = problem.pools[pi].capacity.get(resource, 0.0)
-            if amount <= 0 or capacity <= 0:
-                continue
-            share = amount / capacity
-            for k in PACKING_KS:
-                if ((pi, resource), k) not in found and packing_share(share, k) > share + 1e-9:
-                    found.add(((pi, resource), k))
+            capacity = capacities.get(resource, 0.0)
+            if amount > 0 and capacity > 0:
+                shares.setdefault((pi, resource), []).append(amount / capacity)
+    found = []
+    for key, values in shares.items():
+        share = np.unique(np.asarray(values))
+        for k in PACKING_KS:
+            scaled = (k + 1) * share
+            whole = np.abs(scaled - np.round(scaled)) <= 1e-9
+            if np.any(~whole & (np.floor(scaled) / k > share + 1e-9)):
+                found.append((key, k))
     return sorted(found)
 
 
