@@ -795,7 +795,8 @@ def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPl
     if PREPARE_S_PER_VARIANT * len(problem.variants) > PREPARE_SHARE * time_limit_s:
         # Too large for the program to be built and solved in time: the greedy answers at once
         # (under the same deadline) rather than after the preparation has spent the time.
-        why = f"{len(problem.variants):,} variants are too many to solve within the time limit of {time_limit_s:g} s"
+        count = len(problem.variants)
+        why = f"{count:,} variants are too many to solve within the time limit of {time_limit_s:g} s"
         hard_at = started + time_limit_s - holding_reserve_s(problem)
         return _fallback(problem, started, hard_at, time_limit_s, None, why)
     hard = Deadline(started + time_limit_s - holding_reserve_s(problem))
