@@ -27,13 +27,15 @@ Every instance with a finding is written to ``--out`` (``/tmp/scaler_check``) as
 reference's answer, the plan's, and the command that reproduces it.
 
 Sources: ``tiny`` (:func:`random_problem` at its tiny size: brute force and CBC), ``small`` (up to
-3 pools, 4 groups, 6 variants: CBC, and the brute force where it is small enough), ``mp1`` and
-``mp2`` (``sim.problems.make_problem`` with 1 and 2 architectures: CBC).
+3 pools, 4 groups, 6 variants: CBC, and the brute force where it is small enough), ``medium``
+(up to 8 variants, needs up to 8 times larger: dozens of instances; CBC), ``mp1`` and ``mp2``
+(``sim.problems.make_problem`` with 1 and 2 architectures: CBC).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import time
@@ -44,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import modelless.scaling
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.problem import PlanStatus, ScalingPlan, ScalingProblem, plan_costs, violations
 from tests.scaling_reference import (
@@ -65,8 +68,9 @@ from tests.scaling_reference import (
 DEFAULT_OUT = Path("/tmp/scaler_check")
 SOLVER_LIMIT_S = 10.0  # solve_exact's time limit per instance
 REFERENCE_LIMIT_S = 60.0  # CBC's, per stage
-# One source in ten is make_problem's; the rest alternate tiny and small.
-SOURCES = ("tiny", "small", "tiny", "small", "mp1", "tiny", "small", "tiny", "small", "mp2")
+BRUTE_LIMIT = 10_000  # instance vectors up to which the brute force checks CBC (a few seconds)
+# Of ten instances: four tiny, three small, one medium, one of make_problem's at each size.
+SOURCES = ("tiny", "small", "tiny", "medium", "mp1", "tiny", "small", "tiny", "small", "mp2")
 FAILURES = (
     "violations",
     "not_packable",
@@ -92,6 +96,18 @@ class Outcome:
     seconds: float = 0.0  # solve_exact's
 
 
+def solver_version() -> str:
+    """A digest of the scaler's sources (the solver is being rewritten: which one was judged)."""
+    folder = Path(modelless.scaling.__file__).parent
+    digest = hashlib.sha1()
+    newest = 0.0
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        newest = max(newest, path.stat().st_mtime)
+    changed = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(newest))
+    return f"modelless/scaling sha1 {digest.hexdigest()[:12]} (last changed {changed} UTC)"
+
+
 def unmet_total(plan: ScalingPlan) -> float:
     return sum(plan.unmet_qps.values())
 
@@ -100,12 +116,15 @@ def same(a: float, b: float, relative: float) -> bool:
     return abs(a - b) <= relative * max(1.0, abs(a), abs(b))
 
 
-def references(problem: ScalingProblem, source: str) -> tuple[Reference, dict[str, str]]:
-    """CBC's answer, checked against the brute force's where the problem is small enough."""
+def references(
+    problem: ScalingProblem, source: str, brute_limit: int = BRUTE_LIMIT
+) -> tuple[Reference, dict[str, str]]:
+    """CBC's answer, checked against the brute force's where the problem is small enough (the
+    brute force's then: it is exact by construction)."""
     found: dict[str, str] = {}
     cbc = compact_cbc(problem, REFERENCE_LIMIT_S)
-    if source == "tiny" or combinations(problem) <= TINY_COMBINATIONS:
-        brute = brute_force(problem)
+    if source == "tiny" or combinations(problem) <= brute_limit:
+        brute = brute_force(problem, max(brute_limit, TINY_COMBINATIONS))
         if (
             not same(brute.unmet_qps, cbc.unmet_qps, UNMET_REL)
             or abs(brute.objective - cbc.objective) > BOUND_REL * brute.objective + ABSOLUTE
@@ -157,7 +176,7 @@ def judge(problem: ScalingProblem, plan: ScalingPlan, reference: Reference) -> d
 
 
 def check(
-    case: str, problem: ScalingProblem | None = None
+    case: str, problem: ScalingProblem | None = None, brute_limit: int = BRUTE_LIMIT
 ) -> tuple[Outcome, Reference | None, ScalingPlan | None]:
     problem = case_problem(case) if problem is None else problem
     source = case.partition(":")[0]
@@ -172,7 +191,7 @@ def check(
     outcome.plan_objective = plan.objective
     outcome.status = plan.status.value
     outcome.lower_bound = plan.lower_bound
-    reference, disagreements = references(problem, source)
+    reference, disagreements = references(problem, source, brute_limit)
     outcome.reference_objective = reference.objective
     outcome.kinds.update(disagreements)
     outcome.kinds.update(judge(problem, plan, reference))
@@ -199,12 +218,14 @@ def save(
     problem: ScalingProblem,
     reference: Reference | None,
     plan: ScalingPlan | None,
+    version: str,
 ) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     source, _, seed = outcome.case.partition(":")
     record = {
         "case": outcome.case,
         "kinds": outcome.kinds,
+        "solver_version": version,
         "reproduce": f".venv/bin/python -m bench.scaler_check --case {outcome.case}",
         "load": "tests.scaling_reference.problem_from_json(json.load(open(PATH))['problem'])",
         "reference": None if reference is None else asdict(reference),
@@ -247,6 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replay", type=Path, action="append", default=[], help="a saved instance")
     parser.add_argument("--budget-s", type=float, default=600.0, help="start no instance after this")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--brute-limit",
+        type=int,
+        default=BRUTE_LIMIT,
+        help=f"check CBC by the brute force up to this many instance vectors (default {BRUTE_LIMIT})",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only instances with findings")
     args = parser.parse_args(argv)
 
@@ -258,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not jobs:
         jobs = [(f"{SOURCES[i % len(SOURCES)]}:{args.first_seed + i}", None) for i in range(args.count)]
 
+    version = solver_version()
+    print(f"judging solve_exact of {version}")
     started = time.perf_counter()
     tally: Counter[str] = Counter()
     excess: list[float] = []
@@ -269,13 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"budget of {args.budget_s:g} s spent: {done} of {len(jobs)} instances checked")
             break
         problem = case_problem(case) if given is None else given
-        outcome, reference, plan = check(case, problem)
+        outcome, reference, plan = check(case, problem, args.brute_limit)
         done += 1
         tally.update(list(outcome.kinds) or ["agree"])
         if "dearer" in outcome.kinds and outcome.plan_objective and outcome.reference_objective:
             excess.append((outcome.plan_objective / outcome.reference_objective - 1) * 100)
         if outcome.kinds:
-            save(args.out, outcome, problem, reference, plan)
+            save(args.out, outcome, problem, reference, plan, version)
             failing.append(outcome)
         if outcome.kinds or not args.quiet:
             print(row(outcome), flush=True)

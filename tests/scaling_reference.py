@@ -477,10 +477,10 @@ def brute_force(problem: ScalingProblem, most_combinations: int = MOST_COMBINATI
             least = packing.least_workers(counts)
             if least is None:
                 continue
-            workers = max(pool.min_workers, least)
-            if pool.max_workers is not None and workers > pool.max_workers:
+            needed = max(pool.min_workers, least)
+            if pool.max_workers is not None and needed > pool.max_workers:
                 continue
-            options.append(({v.id: c for v, c in zip(members, counts, strict=True) if c}, workers))
+            options.append(({v.id: c for v, c in zip(members, counts, strict=True) if c}, needed))
         if not options:  # not even the empty pool fits its limits (min > max): no plan at all
             raise ValueError(f"pool {pool.name}: no worker count within its limits")
         per_pool.append(options)
@@ -490,8 +490,8 @@ def brute_force(problem: ScalingProblem, most_combinations: int = MOST_COMBINATI
     for choice in itertools.product(*per_pool):
         instances: dict[str, int] = {}
         workers: dict[str, int] = {}
-        for pool, (counts, count) in zip(problem.pools, choice, strict=True):
-            instances.update(counts)
+        for pool, (held, count) in zip(problem.pools, choice, strict=True):
+            instances.update(held)
             workers[pool.name] = count
         candidates.append((fixed_cost(problem, instances, workers), instances, workers))
         feasible.add(tuple(sorted(instances.items())))
@@ -541,14 +541,20 @@ def brute_force(problem: ScalingProblem, most_combinations: int = MOST_COMBINATI
 # ----------------------------------------------------------------------------- CBC, explicit workers
 
 
-def worker_slots(problem: ScalingProblem, pool: ScalingPool) -> int:
+def worker_slots(problem: ScalingProblem, pool: ScalingPool, budget: float | None = None) -> int:
     """Workers the compact MILP models for ``pool``: its maximum, or (no fewer than its minimum)
     the workers first fit packs every useful instance into; an optimal plan holds no more
-    instances than that (:func:`instance_bound`), and a subset of a packing packs as well."""
+    instances than that (:func:`instance_bound`), and a subset of a packing packs as well.
+    ``budget``: what some plan with the least unmet costs; an optimal plan costs no more, so
+    its workers here cost no more than that less the other pools' minimums."""
     members = [v for v in problem.variants if v.pool == pool.name]
     counts = [instance_bound(problem, v) for v in members]
     packed = PoolPacking(pool, members).first_fit(counts) or 0
     slots = max(pool.min_workers, packed)
+    if budget is not None and pool.price_per_worker_second > 0:
+        others = sum(p.price_per_worker_second * p.min_workers for p in problem.pools if p is not pool)
+        affordable = math.floor((budget - others) / pool.price_per_worker_second + 1e-9)
+        slots = min(slots, max(pool.min_workers, affordable))
     if pool.max_workers is not None:
         slots = min(slots, pool.max_workers)
     return slots
@@ -567,12 +573,19 @@ def compact_cbc(problem: ScalingProblem, time_limit_s: float = 60.0) -> Referenc
     prices = [p.price_per_worker_second for p in problem.pools if p.price_per_worker_second > 0]
     scale = min(prices) if prices else 1.0  # the objective in units of the cheapest worker
 
+    # Where nothing need be unmet (Lambda takes every group), Lambda alone, on the pools' minimum
+    # workers, is a plan: what it costs bounds the optimum's workers (worker_slots).
+    budget = None
+    if not splitter.unmet_possible:
+        minimum = {pool.name: pool.min_workers for pool in problem.pools}
+        budget = fixed_cost(problem, {}, minimum) + splitter.split({}, 0.0).lambda_cost
+
     model = pulp.LpProblem("variant_mix", pulp.LpMinimize)
     on: dict[tuple[int, int], pulp.LpVariable] = {}
     n: dict[int, pulp.LpAffineExpression] = {}
     worker_cost: list[pulp.LpAffineExpression] = []
     for pi, pool in enumerate(problem.pools):
-        slots = worker_slots(problem, pool)
+        slots = worker_slots(problem, pool, budget)
         if slots < pool.min_workers:
             raise ValueError(f"pool {pool.name}: no worker count within its limits")
         members = [
@@ -595,12 +608,21 @@ def compact_cbc(problem: ScalingProblem, time_limit_s: float = 60.0) -> Referenc
         for resource in sorted({r for _, v in members for r, a in v.demand.items() if a > 0}):
             room = _room(pool.capacity.get(resource, 0.0))
             for j in range(slots):
-                terms = [
+                usage = [
                     v.demand.get(resource, 0.0) * copies[vi, j]
                     for vi, v in members
                     if v.demand.get(resource, 0.0) > 0
                 ]
-                model += pulp.lpSum(terms) <= room * on[pi, j]
+                model += pulp.lpSum(usage) <= room * on[pi, j]
+        # Symmetry: the workers in order of how much they hold (any packing can be so ordered).
+        weight = {
+            vi: 1.0 + sum(a / _room(pool.capacity.get(r, 0.0)) for r, a in v.demand.items() if a > 0)
+            for vi, v in members
+        }
+        for j in range(1, slots):
+            model += pulp.lpSum(weight[vi] * copies[vi, j - 1] for vi, _ in members) >= pulp.lpSum(
+                weight[vi] * copies[vi, j] for vi, _ in members
+            )
 
     load_cost: list[pulp.LpAffineExpression] = []
     for vi, v in enumerate(problem.variants):
@@ -703,8 +725,8 @@ SHARES = (0.6, 0.5, 0.51, 0.34, 1 / 3, 0.25, 0.45, 0.7, 0.2, 1.0, 0.15, 0.4)
 NEED_RATIOS = (1.01, 2.97, 0.33, 0.99, 1.5, 2.0, 0.5, 3.01, 1.0, 1.34)
 # Q[v, g] over the group's base rate: variants differ per group.
 Q_FACTORS = (0.5, 0.75, 1.0, 1.3, 2.0)
-# (pools, groups, variants) at most, per size.
-SIZES = {"tiny": (2, 3, 4), "small": (3, 4, 6)}
+# (pools, groups, variants) at most, and the most a group's need is multiplied by, per size.
+SIZES = {"tiny": (2, 3, 4, 1), "small": (3, 4, 6, 1), "medium": (3, 5, 8, 8)}
 TINY_COMBINATIONS = 4_000  # instance vectors a "tiny" problem may have (the brute force's work)
 
 
@@ -717,7 +739,7 @@ def case_problem(case: str) -> ScalingProblem:
         return random_problem(seed, source)
     if source in ("mp1", "mp2"):
         return make_problem(int(source[2:]), seed)
-    raise ValueError(f"unknown source {source!r} (tiny, small, mp1, mp2)")
+    raise ValueError(f"unknown source {source!r} (tiny, small, medium, mp1, mp2)")
 
 
 def combinations(problem: ScalingProblem) -> int:
@@ -727,7 +749,8 @@ def combinations(problem: ScalingProblem) -> int:
 
 def random_problem(seed: int, size: str = "small") -> ScalingProblem:
     """A random problem, the same for the same arguments. ``size``: "tiny" (the brute force
-    solves it in about a second) or "small" (up to 3 pools, 4 groups, 6 variants)."""
+    solves it in about a second), "small" (up to 3 pools, 4 groups, 6 variants) or "medium" (up
+    to 3 pools, 5 groups, 8 variants, needs up to 8 times larger: dozens of instances)."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}")
     problem: ScalingProblem | None = None
@@ -738,7 +761,9 @@ def random_problem(seed: int, size: str = "small") -> ScalingProblem:
     raise RuntimeError(f"no tiny problem drawn for seed {seed}")
 
 
-def _draw(rng: random.Random, most_pools: int, most_groups: int, most_variants: int) -> ScalingProblem:
+def _draw(
+    rng: random.Random, most_pools: int, most_groups: int, most_variants: int, most_times: int
+) -> ScalingProblem:
     pools: list[ScalingPool] = []
     for index in range(rng.randint(1, most_pools)):
         resources = rng.sample(sorted(RESOURCES), rng.randint(1, 3))
@@ -757,9 +782,9 @@ def _draw(rng: random.Random, most_pools: int, most_groups: int, most_variants: 
         serves = [g for g in group_ids if rng.random() < 0.6] or [rng.choice(group_ids)]
         demand: dict[str, float] = {}
         if rng.random() >= 0.03:  # now and then a variant that demands nothing
-            for resource, capacity in pool.capacity.items():
+            for resource, amount in pool.capacity.items():
                 if rng.random() < 0.85:
-                    demand[resource] = capacity * rng.choice(SHARES)
+                    demand[resource] = amount * rng.choice(SHARES)
             if not demand:
                 resource = rng.choice(sorted(pool.capacity))
                 demand[resource] = pool.capacity[resource] * rng.choice(SHARES)
@@ -785,15 +810,17 @@ def _draw(rng: random.Random, most_pools: int, most_groups: int, most_variants: 
             need = rng.choice(NEED_RATIOS) * rng.choice(servers).saturation_qps[g]
         else:
             need = rng.choice(NEED_RATIOS) * base[g]
-        price = None
+        if most_times > 1:  # (no draw at the other sizes: their seeds keep their problems)
+            need *= rng.randint(1, most_times)
+        lambda_price = None
         if rng.random() >= 0.35:  # Lambda at about what a worker costs per query, cheaper or dearer
-            price = cheapest / base[g] * rng.choice((0.3, 0.8, 1.2, 3.0))
+            lambda_price = cheapest / base[g] * rng.choice((0.3, 0.8, 1.2, 3.0))
         groups.append(
             ScalingGroup(
                 id=g,
                 load_qps=need / (1.0 + slack),
                 latency_budget_ms=100.0,
-                lambda_price_per_query=price,
+                lambda_price_per_query=lambda_price,
                 lambda_seconds_per_query=rng.choice((0.05, 0.2)),
             )
         )
