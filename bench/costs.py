@@ -4,6 +4,7 @@ batching and scaler code, checked first against a live run of the embedded stack
 
     python -m bench.costs [--out docs/bench] [--quick] [--repeats 3] [--jobs 2]
                                 [--no-validation] [--state-dir .modelless] [--trace PATH]
+                                [--trace2 PATH [--trace2-column NAME]] [--workloads KEY ...]
 
 Writes ``<out>/costs.md`` (its section of docs/BENCHMARKS.md), ``costs.json`` (every number) and
 PNG plots beside them: per workload, load, cost and SLO violations over time (INFaaS Figure 6),
@@ -14,10 +15,14 @@ The zoo (``bench.sim_profiles``): the real zoo (``bench.real_zoo``: timm image m
 those the project's profiler measured here (cached under ``.modelless/bench/real-zoo``); their GPU
 and Inferentia profiles are derived from them (not measured here: no such device is lent to the
 benchmarks) and marked so. The heavy model of the patterns is the zoo's slowest (ResNet-50).
-``--quick`` uses two models only (``bench.real_zoo.QUICK_MODELS``). Workloads:
-INFaaS §6.2's flat (4 QPS), steady (650->700 QPS) and fluctuating (4<->80 QPS) patterns on the
-heavy model alone, and (§6.1) the Azure LLM arrival trace scaled to a mean of 10, 100 and 1,000
-QPS with Zipf popularity over the whole zoo (``sim.traces``). Systems: the project (its
+``--quick`` uses two models only (``bench.real_zoo.QUICK_MODELS``). Workloads (``WORKLOADS``;
+``--workloads`` picks some): INFaaS §6.2's flat (4 QPS), steady (650->700 QPS) and fluctuating
+(4<->80 QPS) patterns on the heavy model alone, Poisson arrivals; and, with Zipf popularity over
+the whole zoo (§6.1), bursty traffic (``sim.traces``): the Azure LLM conversation trace replayed
+at its recorded arrival times (not Poisson over its binned rate) at a mean of 10, 100 and 1,000
+QPS, a second recorded trace (``--trace2``, when given or found beside the first) at 100 and
+1,000 QPS, Gamma-distributed inter-arrival times of coefficient of variation 1, 4 and 8 at 100
+QPS, and on-off bursts (a Markov-modulated Poisson process) at 100 QPS. Systems: the project (its
 scaler priced by INFaaS's per-instance bill, with the exact program and with the greedy; and
 priced by AWS's list prices), and, configured as INFaaS configured them, Clipper+ (static GPU,
 static CPU) and SageMaker+ (horizontal autoscaling of one fixed variant, GPU and CPU). Every
@@ -34,11 +39,12 @@ import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.public_traces import TraceUnavailable, cached_trace
 from bench.real_zoo import DERIVATION_RULE, fmt_ms, manifest_value
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, span, today, write_fragment
 from bench.sim_profiles import (
@@ -73,6 +79,7 @@ from sim.simulator import (
     LAMBDA_REQUEST_UNITS,
     PRICE_PER_GB_SECOND,
     SIM_EXACT_TIME_LIMIT_S,
+    Arrival,
     FixedVariant,
     Modelless,
     SimConfig,
@@ -84,8 +91,26 @@ from sim.simulator import (
     percentile_of,
     priced_per_instance,
     worker_dollars_per_second,
+    worker_slots,
 )
-from sim.traces import PATTERNS, TRACE_PATH, Mix, RateCurve, arrivals, load_trace, trace_curve
+from sim.traces import (
+    BURST_WINDOWS_S,
+    PATTERNS,
+    TRACE_PATH,
+    ArrivalProcess,
+    ArrivalTimes,
+    Burstiness,
+    GammaProcess,
+    Mix,
+    OnOffProcess,
+    RateCurve,
+    arrivals,
+    arrivals_at,
+    burstiness,
+    load_arrival_times,
+    load_trace,
+    replay,
+)
 
 PART = "costs"
 SYSTEMS = (
@@ -133,10 +158,44 @@ INITIAL_WORKERS = {"cpu": 1}
 SLACK = 0.2  # the scaler's headroom (ScalerConfig.slack), given to every baseline too
 CLIPPER_CPU_INSTANCES = 2  # INFaaS's Clipper+ CPU: pre-loads and persists two instances
 CLIPPER_GPU_BATCH = 8  # INFaaS's Clipper+ GPU: a TensorRT variant optimised for batch 8
-# The real trace, scaled: (key, mean QPS, replayed length in s: None for the whole hour, seeds
-# at most: the busiest 10 minutes at 1,000 QPS are as many queries as an hour at 230 QPS).
-TRACE_SCALES = (("trace-10", 10.0, None, 3), ("trace-100", 100.0, None, 2), ("trace-1000", 1000.0, 300.0, 1))
-TRACE_BIN_S = 10.0  # the trace's shape: its arrival rate per 10 s
+# Recorded traces replayed at their recorded arrival times (``sim.traces.replay``, method "auto"):
+# compressed in time to the mean rate where that leaves at least REPLAY_MIN_S of arrivals, else
+# the fewest copies at seeded offsets (REPLAY_SEED) superposed that do, so that at 100 and 1,000
+# QPS each copy's recorded bursts are squeezed only by the factor left (4.5-6x here) instead of
+# 18-390-fold into a replay of seconds. (key, trace, mean QPS, length simulated: None for the
+# whole replay, else its busiest window of that length; seeds at most.)
+REPLAY_MIN_S = 600.0
+REPLAY_SEED = 1
+REPLAYS = (
+    ("conv-10", "conv", 10.0, None, 3),
+    ("conv-100", "conv", 100.0, None, 3),
+    ("conv-1000", "conv", 1000.0, 300.0, 1),
+    ("trace2-100", "trace2", 100.0, None, 3),
+    ("trace2-1000", "trace2", 1000.0, 300.0, 1),
+)
+# The second trace, when no --trace2 is given: beside the first, if someone put it there; else
+# the Azure LLM code trace, fetched from PyPI (bench.public_traces) for a full run.
+TRACE2_PATH = TRACE_PATH.parent / "azure_llm_code_2023.csv"
+# Synthetic bursty arrivals at one mean rate, drawn afresh per seed (``sim.traces``): Gamma gaps
+# of CV 1 (Poisson), 4 and 8 for BURSTY_S; on-off bursts (10 s at 10x the rate of 30 s lulls) for
+# twice as long, so that about 15 ON/OFF cycles are seen.
+BURSTY_QPS = 100.0
+BURSTY_S = 300.0
+SYNTHETIC: tuple[tuple[str, GammaProcess | OnOffProcess], ...] = (
+    ("gamma-cv1", GammaProcess(BURSTY_QPS, 1.0, BURSTY_S)),
+    ("gamma-cv4", GammaProcess(BURSTY_QPS, 4.0, BURSTY_S)),
+    ("gamma-cv8", GammaProcess(BURSTY_QPS, 8.0, BURSTY_S)),
+    ("on-off", OnOffProcess(BURSTY_QPS, 2 * BURSTY_S, on_s=10.0, off_s=30.0, burst_ratio=10.0)),
+)
+WORKLOADS = (*PATTERNS, *(r[0] for r in REPLAYS), *(key for key, _ in SYNTHETIC))
+QUICK_WORKLOADS = ("flat", "fluctuating", "conv-10", "gamma-cv4")
+QUICK_S = 120.0  # --quick: a replay's busiest 2 minutes, a synthetic process's first 2
+# The load a system is told in advance: Clipper+ GPU is sized for the peak rate over any window
+# of one scaler period (what a provisioned system can follow), SageMaker+ starts sized for the
+# first 30 s's rate (the rate it would have measured just before), and every system's warm-up
+# is Poisson at that rate. INFaaS's patterns: their curve's peak and first rate.
+PEAK_WINDOW_S = 10.0
+START_WINDOW_S = 30.0
 # Targets of the issue (INFaaS: 21.6x at flat low load).
 FLAT_TARGET_RATIO = 20.0
 PRICE_NAMES = (("CPU", "cpu"), ("Inferentia", "neuron"), ("GPU", "cuda"))
@@ -173,13 +232,48 @@ class Setup:
 class Workload:
     key: str
     title: str
-    curve: RateCurve
+    source: RateCurve | ArrivalProcess  # Poisson over a curve, or arrival times (per seed)
     seeds: tuple[int, ...]
     plot_bin_s: float
     replayed: str  # what was replayed, in words
     mix: Mix
     max_workers: Mapping[str, int]  # every system's cap per pool
-    pattern: bool  # INFaaS §6.2 (one model, one worker per pool) or §6.1 (the trace, the zoo)
+    pattern: bool  # INFaaS §6.2 (one model, one worker per pool) or §6.1 (bursty, the zoo)
+
+    @property
+    def duration_s(self) -> float:
+        return self.source.duration_s
+
+    @property
+    def mean_qps(self) -> float:
+        return self.source.mean if isinstance(self.source, RateCurve) else self.source.mean_qps
+
+    def peak_qps(self, seed: int) -> float:
+        """The peak a developer sizes for: the curve's, or the most arrivals in any
+        ``PEAK_WINDOW_S`` window of the seed's times, per second."""
+        if isinstance(self.source, RateCurve):
+            return self.source.peak
+        return self.source.draw(seed).peak_qps(PEAK_WINDOW_S)
+
+    def start_qps(self, seed: int) -> float:
+        """The rate the workload starts at: the curve's first, or the first ``START_WINDOW_S``'s."""
+        if isinstance(self.source, RateCurve):
+            return self.source.rates[0]
+        times = self.source.draw(seed)
+        return times.rate_over(0.0, min(START_WINDOW_S, times.duration_s))
+
+    def arrivals(self, seed: int, warmup_s: float) -> Iterator[Arrival]:
+        """The queries on ``seed``, after ``warmup_s`` seconds of Poisson arrivals at the
+        starting rate."""
+        if isinstance(self.source, RateCurve):
+            return arrivals(self.source, self.mix, seed, warmup_s)
+        return arrivals_at(self.source.draw(seed).times, self.mix, seed, warmup_s, self.start_qps(seed))
+
+    def burstiness(self, seed: int) -> Burstiness:
+        """What the measured part's arrivals hold on ``seed`` (a curve's: its Poisson draw)."""
+        if isinstance(self.source, RateCurve):
+            return burstiness([a.at for a in arrivals(self.source, self.mix, seed)], self.duration_s)
+        return self.source.draw(seed).burstiness()
 
 
 def make_setup(zoo: Zoo, lambda_init_ms: float) -> Setup:
@@ -225,8 +319,25 @@ def up_to_batch(profile: VariantProfile, largest: int) -> VariantProfile:
     )
 
 
-def build_system(name: str, setup: Setup, workload: Workload) -> System:
-    """One system, configured for ``workload`` as INFaaS configured its baselines."""
+def placeable(
+    replicas: Mapping[str, int], chosen: Mapping[str, VariantProfile], setup: Setup, caps: Mapping[str, int]
+) -> dict[str, int]:
+    """Each model's instances, at most what its pool's capped workers can hold. A variant that
+    cannot meet its model's SLO at any rate (capacity 0) is otherwise asked for billions of
+    instances, and ``FixedVariant.start`` tries to add them one by one (it does not stop at the
+    first that fits nowhere, as its ``tick`` does)."""
+    out = dict(replicas)
+    for m, count in replicas.items():
+        pool = chosen[m].pool
+        if pool in caps:
+            out[m] = min(count, caps[pool] * worker_slots(setup.pools[pool]))
+    return out
+
+
+def build_system(name: str, setup: Setup, workload: Workload, seed: int | None = None) -> System:
+    """One system, configured for ``workload`` (its arrivals on ``seed``, by default its first)
+    as INFaaS configured its baselines."""
+    seed = workload.seeds[0] if seed is None else seed
     caps = dict(workload.max_workers)
     config = ScalerConfig(max_workers=caps, slack=SLACK)
     if name == "modelless":
@@ -237,7 +348,7 @@ def build_system(name: str, setup: Setup, workload: Workload) -> System:
         return Modelless(infaas_pools(setup, workload.mix), config, greedy, name, INITIAL_WORKERS)
     if name == "modelless-aws":
         return Modelless(setup.pools, config, exact_to_optimality, name, INITIAL_WORKERS)
-    mix, curve = workload.mix, workload.curve
+    mix = workload.mix
     gpu = name.endswith("gpu")
     models = [a.model for a in mix.architectures]
     chosen = {m: (setup.gpu_variant if gpu else setup.cpu_variant)[m] for m in models}
@@ -251,14 +362,21 @@ def build_system(name: str, setup: Setup, workload: Workload) -> System:
         # INFaaS: "persists one TensorRT variant optimized for batch size of 8, configured to
         # serve the provided peak load by adaptive batching": enough instances for the
         # workload's known peak (with the scaler's slack), batches of at most 8.
+        peak = workload.peak_qps(seed)
         capacity = {
             m: saturation_for_budget(up_to_batch(v, CLIPPER_GPU_BATCH), slo[m]) for m, v in chosen.items()
         }
         replicas = {
-            m: max(1, math.ceil(curve.peak * share[m] * (1 + SLACK) / max(capacity[m], 1e-9))) for m in models
+            m: max(1, math.ceil(peak * share[m] * (1 + SLACK) / max(capacity[m], 1e-9))) for m in models
         }
         return FixedVariant(
-            name, chosen, setup.pools, replicas, static=True, max_batch=CLIPPER_GPU_BATCH, max_workers=caps
+            name,
+            chosen,
+            setup.pools,
+            placeable(replicas, chosen, setup, caps),
+            static=True,
+            max_batch=CLIPPER_GPU_BATCH,
+            max_workers=caps,
         )
     # SageMaker+: horizontal scaling of one variant; on GPU a batch-1 one (INFaaS: "a batch-1
     # optimized TensorRT variant"), so its instances run one query at a time.
@@ -266,13 +384,13 @@ def build_system(name: str, setup: Setup, workload: Workload) -> System:
         capacity = {m: batch_one_rate(v.median_ms(1), v.latency_ms(1), slo[m]) for m, v in chosen.items()}
     else:
         capacity = {m: saturation_for_budget(v, slo[m]) for m, v in chosen.items()}
-    start = curve.rates[0]
+    start = workload.start_qps(seed)
     replicas = {m: max(1, math.ceil(start * share[m] * (1 + SLACK) / max(capacity[m], 1e-9))) for m in models}
     return FixedVariant(
         name,
         chosen,
         setup.pools,
-        replicas,
+        placeable(replicas, chosen, setup, caps),
         static=False,
         capacity=capacity,
         max_batch=1 if gpu else None,
@@ -300,7 +418,7 @@ def binned(values: Sequence[float], bin_s: float) -> list[float]:
 def summarise(
     result: SimResult, workload: Workload, seed: int, wall_s: float, series: bool
 ) -> dict[str, Any]:
-    seconds = result.seconds[: int(workload.curve.duration_s)]
+    seconds = result.seconds[: int(workload.duration_s)]
     summary: dict[str, Any] = {
         "workload": workload.key,
         "system": result.system,
@@ -342,19 +460,39 @@ def run_job(job: tuple[Workload, str, int, bool]) -> dict[str, Any]:
     setup = _SETUP
     assert setup is not None
     config = SimConfig(lambda_init_ms=setup.lambda_init_ms, scaler_period_s=SCALER_PERIOD_S, seed=seed)
-    sim = Simulation(setup.profiles, setup.pools, config, workload.curve.duration_s, WARMUP_S)
-    system = build_system(name, setup, workload)
+    sim = Simulation(setup.profiles, setup.pools, config, workload.duration_s, WARMUP_S)
+    system = build_system(name, setup, workload, seed)
     started = time.perf_counter()
-    result = sim.run(system, arrivals(workload.curve, workload.mix, seed, WARMUP_S))
+    result = sim.run(system, workload.arrivals(seed, WARMUP_S))
     return summarise(result, workload, seed, time.perf_counter() - started, series)
 
 
 # --- workloads ---------------------------------------------------------------------------------
 
 
-def make_workloads(setup: Setup, quick: bool, repeats: int, trace: Path) -> list[Workload]:
-    """INFaaS §6.2's patterns (the heavy model alone, one worker per pool, as there) and §6.1's
-    real trace (the whole zoo; each system up to ``MAX_WORKERS``), scaled to 10..1,000 QPS."""
+def plot_bin_s(duration_s: float) -> float:
+    """Plots' bins: 2 s up to 10 minutes (bursts visible), 5 s up to 20, 30 s beyond."""
+    return 2.0 if duration_s <= 600 else 5.0 if duration_s <= 1200 else 30.0
+
+
+def make_workloads(
+    setup: Setup,
+    quick: bool,
+    repeats: int,
+    trace: Path,
+    trace2: Path | None = None,
+    keys: Sequence[str] | None = None,
+    trace2_column: str | None = None,
+) -> list[Workload]:
+    """INFaaS §6.2's patterns (the heavy model alone, one worker per pool, as there), and bursty
+    traffic over the whole zoo (§6.1's popularity; each system up to ``MAX_WORKERS``): the real
+    traces replayed at their recorded times, Gamma gaps and on-off bursts. ``keys``: these
+    workloads only (default: all, the second trace's where it is found; ``--quick``:
+    ``QUICK_WORKLOADS``, each at most ``QUICK_S`` long, one seed)."""
+    wanted = list(keys or (QUICK_WORKLOADS if quick else WORKLOADS))
+    unknown = [k for k in wanted if k not in WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown workloads {unknown}: choose among {', '.join(WORKLOADS)}")
     seeds = tuple(range(1, repeats + 1))
     out = [
         Workload(
@@ -369,46 +507,71 @@ def make_workloads(setup: Setup, quick: bool, repeats: int, trace: Path) -> list
             pattern=True,
         )
         for key, curve in PATTERNS.items()
+        if key in wanted
     ]
-    shape = trace_curve(load_trace(trace), TRACE_BIN_S, "Azure LLM trace")
-    hour = shape.duration_s
-    for key, mean, length, most in TRACE_SCALES:
-        scaled = shape.scaled_to_mean(mean)
-        if quick:
-            if key != "trace-10":
-                continue
-            length = 600.0
-        if length is None:
-            curve, replayed, bin_s = scaled, f"the whole trace ({hour / 60:.0f} min)", 30.0
+    traces: dict[str, tuple[Path, str | None, str]] = {
+        "conv": (trace, None, "the Azure LLM conversation trace")
+    }
+    if trace2 is not None or TRACE2_PATH.exists():
+        path = trace2 or TRACE2_PATH
+        traces["trace2"] = (path, trace2_column, f"the trace {path.name}")
+    loaded: dict[str, list[float]] = {}
+    for key, which, mean, length, most in REPLAYS:
+        if key not in wanted:
+            continue
+        if which not in traces:
+            if keys:  # asked for by name: say why it cannot run
+                raise ValueError(f"{key}: no second trace (give --trace2 PATH, or put one at {TRACE2_PATH})")
+            continue
+        path, column, words = traces[which]
+        if which not in loaded:
+            loaded[which] = load_trace(path) if which == "conv" else load_arrival_times(path, column)
+        replayed = replay(loaded[which], mean, min_span_s=REPLAY_MIN_S, seed=REPLAY_SEED, name=key)
+        window = QUICK_S if quick else length
+        if window is not None and window < replayed.duration_s:
+            start = replayed.busiest_window(window)
+            what = (
+                f"its busiest {window / 60:g} min (from {start / 60:.1f} min) of "
+                f"{replayed.duration_s / 60:.1f} min: {replayed.how}"
+            )
+            replayed = replayed.window(start, window)
         else:
-            start = scaled.busiest_window(length)
-            curve = scaled.window(start, length)
-            replayed = f"its busiest {length / 60:.0f} min ({start / 60:.0f}-{(start + length) / 60:.0f} min)"
-            bin_s = 5.0
-        title = (
-            f"Azure LLM trace scaled to a mean of {mean:g} QPS (replayed: mean {curve.mean:.0f}, "
-            f"peak {curve.peak:.0f} QPS per {TRACE_BIN_S:g} s)"
-        )
+            what = f"all {replayed.duration_s / 60:.1f} min: {replayed.how}"
+        title = f"{words} replayed at its recorded times, scaled to a mean of {mean:g} QPS"
         out.append(
             Workload(
                 key,
                 title,
-                RateCurve(title, curve.bin_s, curve.rates),
+                ArrivalTimes(title, replayed.times, replayed.duration_s, replayed.how),
                 seeds[:most],
-                bin_s,
-                replayed,
+                plot_bin_s(replayed.duration_s),
+                what,
+                setup.trace_mix,
+                MAX_WORKERS,
+                pattern=False,
+            )
+        )
+    for key, process in SYNTHETIC:
+        if key not in wanted:
+            continue
+        if quick:
+            process = dataclasses.replace(process, duration_s=min(process.duration_s, QUICK_S))
+        out.append(
+            Workload(
+                key,
+                process.name,
+                process,
+                seeds,
+                plot_bin_s(process.duration_s),
+                f"{process.duration_s / 60:g} min, drawn afresh per seed",
                 setup.trace_mix,
                 MAX_WORKERS,
                 pattern=False,
             )
         )
     if quick:
-        out = [
-            dataclasses.replace(w, seeds=w.seeds[:1])
-            for w in out
-            if w.key in ("flat", "fluctuating", "trace-10")
-        ]
-    return out
+        out = [dataclasses.replace(w, seeds=w.seeds[:1]) for w in out]
+    return sorted(out, key=lambda w: WORKLOADS.index(w.key))
 
 
 # --- the bench ---------------------------------------------------------------------------------
@@ -424,6 +587,12 @@ class Outcome:
     zoo: Zoo
     setup: Setup
     checks: list[dict[str, Any]] = field(default_factory=list)
+    bursts: dict[str, Burstiness] = field(default_factory=dict)  # per workload, on its first seed
+
+    def burstiness(self, workload: Workload) -> Burstiness:
+        if workload.key not in self.bursts:
+            self.bursts[workload.key] = workload.burstiness(workload.seeds[0])
+        return self.bursts[workload.key]
 
     def of(self, workload: str, system: str) -> list[dict[str, Any]]:
         return sorted(
@@ -445,7 +614,7 @@ def run_validation(
         validation_schedule,
     )
 
-    mix = Mix.zipf(architectures(zoo))  # the trace workloads' mix
+    mix = Mix.zipf(architectures(zoo))  # the bursty workloads' mix
     rate = validation_rate_qps(zoo, mix)
     phases = (
         Phases(rate, duration_s=20.0, calibration_qps=rate, calibration_s=10.0, warmup_s=5.0)
@@ -490,7 +659,15 @@ def run(args: argparse.Namespace) -> Outcome:
         validation, cold = run_validation(zoo, args.state_dir, args.quick, args.repeats)
         print_validation(validation)
     setup = make_setup(zoo, statistics.median(cold))
-    workloads = make_workloads(setup, args.quick, args.repeats, args.trace)
+    if args.trace2 is None and not args.quick and not TRACE2_PATH.exists():
+        # The second trace ships in a package on PyPI: fetched (and checked) once, then cached.
+        try:
+            args.trace2 = cached_trace(state_dir=args.state_dir)
+        except TraceUnavailable as error:
+            print(f"the second trace is not available ({error}): its workloads are left out", flush=True)
+    workloads = make_workloads(
+        setup, args.quick, args.repeats, args.trace, args.trace2, args.workloads, args.trace2_column
+    )
     jobs = [
         (w, name, seed, seed == w.seeds[0])
         for w in workloads
@@ -499,7 +676,7 @@ def run(args: argparse.Namespace) -> Outcome:
         if seed == w.seeds[0] or name not in FIRST_SEED_ONLY
     ]
     # The longest first, so that the pool's processes finish together.
-    jobs.sort(key=lambda j: -j[0].curve.mean * j[0].curve.duration_s * (3 if j[1] in PROJECT else 1))
+    jobs.sort(key=lambda j: -j[0].mean_qps * j[0].duration_s * (3 if j[1] in PROJECT else 1))
     context = multiprocessing.get_context("spawn")
     processes = max(1, min(args.jobs, len(jobs)))
     print(f"{len(jobs)} simulations on {processes} processes...", flush=True)
@@ -574,7 +751,7 @@ def headline_checks(outcome: Outcome) -> list[dict[str, Any]]:
                 "status": "met" if flat and min(flat) >= FLAT_TARGET_RATIO else "missed",
             }
         )
-    for workload in [w.key for w in outcome.workloads if w.key == "fluctuating" or w.key.startswith("trace")]:
+    for workload in [w.key for w in outcome.workloads if w.key == "fluctuating" or not w.pattern]:
         ours = outcome.of(workload, "modelless")
         for baseline in BASELINES:
             theirs = outcome.of(workload, baseline)
@@ -729,7 +906,7 @@ def findings(outcome: Outcome) -> str:
             f"{span([100 * r['violation_ratio'] for r in ours], 2)} % violations against Clipper+ "
             f"CPU's {span([100 * r['violation_ratio'] for r in static_cpu], 2)} %."
         )
-    trace = [w.key for w in outcome.workloads if w.key.startswith("trace")]
+    trace = [w.key for w in outcome.workloads if not w.pattern]
     if trace:
         cheaper = [k for k in trace if all(min(ratios(outcome, k, b) or [0.0]) > 1 for b in BASELINES)]
         parts, more = [], False
@@ -749,16 +926,35 @@ def findings(outcome: Outcome) -> str:
             "within its budget (the M/D/1 margin of `batch_one_rate`, the budget/2 rule for batches), "
             "so a small share of late queries is within its design, and runs its instances as close "
             "to that as the plan's 20 % slack allows, sharing them between groups and models, where "
-            "each baseline gives every model instances of its own that the trace leaves nearly idle."
+            "each baseline gives every model instances of its own that the load leaves nearly idle."
             if more
             else ""
         )
         out.append(
-            f"- **The trace.** The project was cheaper than every baseline (INFaaS's bill) on "
-            f"{', '.join(cheaper) or 'none of the scales'}. SLO violations: " + "; ".join(parts) + "." + why
+            f"- **Bursty traffic.** The project was cheaper than every baseline (INFaaS's bill) on "
+            f"{', '.join(cheaper) or 'none of these workloads'}. SLO violations: "
+            + "; ".join(parts)
+            + "."
+            + why
         )
-    ours, aws = outcome.of("trace-1000", "modelless"), outcome.of("trace-1000", "modelless-aws")
-    horizontal = outcome.of("trace-1000", "sagemaker+-cpu")
+    gamma = [k for k in ("gamma-cv1", "gamma-cv4", "gamma-cv8") if outcome.of(k, "modelless")]
+    if len(gamma) > 1:
+        steps = []
+        for key in gamma:
+            ours = outcome.of(key, "modelless")
+            cheapest = min(BASELINES, key=lambda b: max(ratios(outcome, key, b) or [math.inf]))
+            steps.append(
+                f"{key}: cost {span([r['cost'] for r in ours], 1)}, violations "
+                f"{span([100 * r['violation_ratio'] for r in ours], 2)} %, the cheapest baseline "
+                f"({LABELS[cheapest]}) {span(ratios(outcome, key, cheapest), 2)}x its cost"
+            )
+        out.append(
+            f"- **Burstier gaps at the same mean ({BURSTY_QPS:g} QPS).** The project's "
+            + "; ".join(steps)
+            + "."
+        )
+    ours, aws = outcome.of("conv-1000", "modelless"), outcome.of("conv-1000", "modelless-aws")
+    horizontal = outcome.of("conv-1000", "sagemaker+-cpu")
     if ours and aws and horizontal:
         run, scaled = ours[0], horizontal[0]
         cheaper = run["cost"] < scaled["cost"]
@@ -777,7 +973,7 @@ def findings(outcome: Outcome) -> str:
         )
         out.append(
             f"- **{heading}.** "
-            f"SageMaker+ CPU served the trace on up to {_most_instances(scaled, 'cpu')} CPU instances "
+            f"SageMaker+ CPU served conv-1000 on up to {_most_instances(scaled, 'cpu')} CPU instances "
             f"with {100 * scaled['violation_ratio']:.3f} % violations for {scaled['cost']:.1f}; the "
             f"INFaaS-priced project cost {run['cost']:.1f} with {100 * run['violation_ratio']:.3f} % "
             f"violations, on {', '.join(_pools_used(run)) or 'no provisioned pool'} and Lambda "
@@ -819,7 +1015,7 @@ program already has (no change to its code; `priced_per_instance` in `sim/simula
 accelerator worker holds one instance and costs one instance's footprint at the device's INFaaS
 price, a CPU worker costs one footprint per vCPU (an instance per vCPU), Lambda its GB·s and
 requests in INFaaS units; the footprint is the workload's popularity-weighted one
-({pattern_gb:.3f} GB in the patterns, {trace_gb:.3f} GB on the trace). What remains different: the
+({pattern_gb:.3f} GB in the patterns, {trace_gb:.3f} GB on the bursty workloads). What remains different: the
 program pays whole workers (a CPU worker holding one 1-thread instance is priced as holding
 two) and one footprint for all variants. The project as deployed minimises AWS's bill (the
 catalog's list prices: a c5.large at ${worker * 3600:.3f}/h, about
@@ -842,7 +1038,7 @@ def headlines(outcome: Outcome) -> list[str]:
             f"{FLAT_TARGET_RATIO:g}x, INFaaS 21.6x); "
             f"{span(ratios(outcome, 'flat', 'clipper+-gpu', 'aws_cost'), 1)}x on AWS's bill"
         )
-    for workload in [w for w in outcome.workloads if w.key == "fluctuating" or w.key.startswith("trace")]:
+    for workload in [w for w in outcome.workloads if w.key == "fluctuating" or not w.pattern]:
         cheapest = min(BASELINES, key=lambda b: max(ratios(outcome, workload.key, b) or [math.inf]))
         ours = outcome.of(workload.key, "modelless")
         theirs = outcome.of(workload.key, cheapest)
@@ -892,22 +1088,33 @@ def plot(outcome: Outcome, out_dir: Path) -> list[str]:
             series = runs[0]["series"]
             bin_s = series["bin_s"]
             t = [i * bin_s / 60 for i in range(len(series["served"]))]
+            # The last bin is short where the duration is no multiple of the bin.
+            seconds = int(workload.duration_s)
+            widths = [max(1.0, min(bin_s, seconds - i * bin_s)) for i in range(len(t))]
             if not shown:
                 load.plot(
-                    t, [a / bin_s for a in series["arrivals"]], color="black", lw=2, label="offered load"
+                    t,
+                    [a / w for a, w in zip(series["arrivals"], widths, strict=True)],
+                    color="black",
+                    lw=2,
+                    label="offered load",
                 )
                 shown = True
             style = {"color": COLOURS[name], "lw": 1.2, "label": LABELS[name]}
-            load.plot(t, [s / bin_s for s in series["served"]], **style)
-            cost.plot(t, [c / bin_s for c in series["cost"]], **style)
+            load.plot(t, [s / w for s, w in zip(series["served"], widths, strict=True)], **style)
+            cost.plot(t, [c / w for c, w in zip(series["cost"], widths, strict=True)], **style)
             ratio = [
                 100 * v / a if a else 0.0
                 for v, a in zip(series["violations"], series["arrivals"], strict=True)
             ]
             violations.plot(t, ratio, **style)
         load.set_ylabel("queries/s")
+        stats = outcome.burstiness(workload)
+        envelope = ", ".join(f"{stats.at(w):.2f} per {w:g} s" for w in BURST_WINDOWS_S)
         load.set_title(
-            f"{workload.title}\nseed {workload.seeds[0]}, per {workload.plot_bin_s:g} s", fontsize=10
+            f"{workload.title}\nseed {workload.seeds[0]}, per {workload.plot_bin_s:g} s; gaps' CV "
+            f"{stats.cv:.2f}, peak ÷ mean {envelope}",
+            fontsize=9,
         )
         cost.set_ylabel("cost per second\n(INFaaS's per-instance bill)")
         cost.set_yscale("log")
@@ -919,8 +1126,8 @@ def plot(outcome: Outcome, out_dir: Path) -> list[str]:
         figure.savefig(out_dir / name, dpi=90)
         plt.close(figure)
         written.append(name)
-    figure, axis = plt.subplots(figsize=(10, 4.5))
     keys = [w.key for w in outcome.workloads]
+    figure, axis = plt.subplots(figsize=(max(10.0, 1.0 * len(keys)), 4.8))
     width = 0.8 / len(BASELINES)
     for index, baseline in enumerate(BASELINES):
         lows, highs, mids = [], [], []
@@ -933,7 +1140,7 @@ def plot(outcome: Outcome, out_dir: Path) -> list[str]:
         axis.bar(positions, mids, width, yerr=[lows, highs], color=COLOURS[baseline], label=LABELS[baseline])
     axis.axhline(1.0, color="black", lw=0.8)
     axis.set_yscale("log")
-    axis.set_xticks(range(len(keys)), keys)
+    axis.set_xticks(range(len(keys)), keys, rotation=30, ha="right")
     axis.set_ylabel("baseline cost / project cost\n(above 1: the project is cheaper)")
     axis.set_title("Cost ratio of each baseline to the project (median and min-max over seeds)", fontsize=10)
     axis.legend(fontsize=8)
@@ -958,6 +1165,14 @@ def command_line(args: argparse.Namespace) -> str:
         extra.append("--no-validation")
     if args.only:
         extra.append(f"--only {' '.join(args.only)}")
+    if args.workloads:
+        extra.append(f"--workloads {' '.join(args.workloads)}")
+    if args.trace != TRACE_PATH:
+        extra.append(f"--trace {args.trace}")
+    if args.trace2:
+        extra.append(f"--trace2 {args.trace2}")
+    if args.trace2_column:
+        extra.append(f"--trace2-column {args.trace2_column}")
     return " ".join(["scripts/bench costs", *extra])
 
 
@@ -1002,6 +1217,78 @@ def workload_table(outcome: Outcome, workload: Workload) -> str:
         ],
         rows,
     )
+
+
+def best_attaining(outcome: Outcome, workload: str) -> str | None:
+    """The baseline with the fewest SLO violations on ``workload`` (over its seeds; the cheaper
+    of equals)."""
+    ran = [b for b in BASELINES if outcome.of(workload, b)]
+    if not ran:
+        return None
+    return min(
+        ran,
+        key=lambda b: (
+            statistics.fmean(r["violation_ratio"] for r in outcome.of(workload, b)),
+            statistics.fmean(r["cost"] for r in outcome.of(workload, b)),
+        ),
+    )
+
+
+def violation_ratio_cell(outcome: Outcome, workload: str, project: str = "modelless") -> str:
+    """The project's violations over the best-attaining baseline's, per seed: below 1, fewer."""
+    best = best_attaining(outcome, workload)
+    ours = {r["seed"]: r["violations"] for r in outcome.of(workload, project)}
+    if best is None or not ours:
+        return "—"
+    pairs = [(ours[r["seed"]], r["violations"]) for r in outcome.of(workload, best) if r["seed"] in ours]
+    finite_ratios = [a / b for a, b in pairs if b]
+    zero = [a for a, b in pairs if not b]
+    if zero and all(a == 0 for a in zero) and not finite_ratios:
+        value = "both 0"
+    elif zero:  # the baseline had none on some seed: the project's count over 0
+        value = (times_cell(finite_ratios) + "; " if finite_ratios else "") + "∞"
+    else:
+        value = times_cell(finite_ratios)
+    theirs = span([100 * r["violation_ratio"] for r in outcome.of(workload, best)], 3)
+    return f"{value} (best: {LABELS[best].split(' (')[0]}, {theirs} %)"
+
+
+def times_cell(values: Sequence[float]) -> str:
+    """Ratios (min to max over seeds) with their ``x``; ``—`` when there are none."""
+    return f"{span(values, 2)}x" if values else "—"
+
+
+def burstiness_header() -> list[str]:
+    return ["mean QPS", "gap CV", *(f"peak ÷ mean per {w:g} s" for w in BURST_WINDOWS_S)]
+
+
+def burstiness_cells(stats: Burstiness) -> list[str]:
+    return [f"{stats.mean_qps:,.1f}", fmt(stats.cv), *(fmt(stats.at(w)) for w in BURST_WINDOWS_S)]
+
+
+def summary_table(outcome: Outcome) -> str:
+    """One row per workload: its burstiness (first seed), each baseline's cost over the project's
+    (INFaaS's bill), the greedy's, and the project's violations over the best-attaining
+    baseline's."""
+    rows = []
+    for workload in outcome.workloads:
+        cells = [workload.key, *burstiness_cells(outcome.burstiness(workload))]
+        cells += [times_cell(ratios(outcome, workload.key, b)) for b in BASELINES]
+        cells.append(times_cell(ratios(outcome, workload.key, "modelless-greedy")))
+        cells.append(
+            span([100 * r["violation_ratio"] for r in outcome.of(workload.key, "modelless")], 3) + " %"
+        )
+        cells.append(violation_ratio_cell(outcome, workload.key))
+        rows.append(cells)
+    header = [
+        "workload",
+        *burstiness_header(),
+        *(f"{LABELS[b].split(' (')[0]} ÷ project (cost)" for b in BASELINES),
+        "greedy ÷ exact (cost)",
+        "project's SLO violations",
+        "project's violations ÷ best-attaining baseline's",
+    ]
+    return markdown_table(header, rows)
 
 
 def violation_causes(outcome: Outcome, workload: Workload) -> str:
@@ -1168,7 +1455,7 @@ def validation_section(validation: dict[str, Any] | None) -> str:
     workers, cold = span(validation["worker_startup_ms"], 0), span(validation["lambda_cold_start_ms"], 0)
     return f"""A live run of the embedded stack (`infra.local.stack`: the gateway in this process,
 {STACK_WORKERS} worker processes, the local Lambda tier, the scaler on its 5 s loop, in-memory
-metadata) served Poisson queries over the zoo (the trace workloads' Zipf mix and targets,
+metadata) served Poisson queries over the zoo (the bursty workloads' Zipf mix and targets,
 below) at {phases["calibration_qps"]:g} QPS: {phases["warmup_s"]:g} s of warm-up,
 {phases["calibration_s"]:g} s whose replies calibrate the simulator, then {phases["duration_s"]:g} s that
 are compared ({first["measured_queries"]} queries). The very same arrivals then went through the simulator
@@ -1208,6 +1495,8 @@ def markdown(outcome: Outcome, args: argparse.Namespace, ran_on: str, command: s
                 workload.replayed,
                 f"{sum(r['queries'] for r in ours) // max(1, len(ours)):,}",
                 len(workload.seeds),
+                span([r["wall_s"] for r in ours], 1) + " s",
+                span([r["wall_s"] for r in runs], 1) + " s",
                 span([r["simulated_s"] / r["wall_s"] for r in ours], 0) + "x",
                 span([r["queries"] / r["wall_s"] for r in ours], 0),
                 span([r["simulated_s"] / r["wall_s"] for r in runs], 0) + "x",
@@ -1238,6 +1527,8 @@ def markdown(outcome: Outcome, args: argparse.Namespace, ran_on: str, command: s
             "replayed",
             "queries (project)",
             "seeds",
+            "project: wall s per simulation",
+            "every system: wall s",
             "project: simulated s per wall s",
             "project: queries per wall s",
             "every system: simulated s per wall s",
@@ -1252,9 +1543,10 @@ page and its plots again from `costs.json`). This run took {outcome.wall_s / 60:
 zoo registered and cached (`.modelless/bench/real-zoo/`, made by `scripts/bench real-zoo`); on a
 fresh clone the registrations add {zoo.registration_s:.0f} s (measured) and building the zoo
 {_build_s(zoo):.0f} s.
-Noise: every figure is the min-max over the seeds listed with it (Poisson arrivals and service
-times drawn afresh per seed); one value where one seed is listed. No test asserts any of these
-numbers.
+Noise: every figure is the min-max over the seeds listed with it (each query's architecture and
+service times drawn afresh per seed, and the arrival times of the Poisson, Gamma and on-off
+workloads; a replayed trace's arrival times are the same on every seed); one value where one
+seed is listed. No test asserts any of these numbers.
 
 **What is simulated.** `sim/simulator.py` is a discrete-event simulator of the whole system:
 the gateway's per-query selection, worker pools with start-up time ({startup:g} s, as INFaaS
@@ -1301,7 +1593,7 @@ their `hardware`. Every figure below that involves a GPU or Inferentia variant r
 slowest architecture on a CPU) alone, its queries naming it with accuracy ≥
 {heavy.targets.min_accuracy:.2f} and a {heavy.slo_ms:g} ms target: the latency class at or above
 {PATTERN_SLO_FACTOR:g}x its developer CPU variant's batch-1 p99 (INFaaS Table 3: 300 ms for a 200 ms
-ResNet-50 CPU variant). The trace workloads follow §6.1: Zipf popularity over the zoo (exponent 1,
+ResNet-50 CPU variant). The bursty workloads follow §6.1: Zipf popularity over the zoo (exponent 1,
 after [53]), the slowest architectures the most popular; the {POPULAR} most popular get
 {POPULAR_SLO_MS:g} ms, the others ("cold") {COLD_SLO_FACTOR:g}x the profiled latency (p99, batch 1) of their
 fastest CPU variant that meets their accuracy ({_cold_raw(outcome)} ms here), but at least
@@ -1326,8 +1618,10 @@ adaptive batching, instances enough for the workload's known peak (plus the scal
 optimized TensorRT variant") or the CPU variant, scaled horizontally every scaler period for the
 last 30 s's rate plus the slack, scaling down after a 30 s hold. In the patterns every system has
 one worker per pool (INFaaS §6.2: "one worker"), so the CPU baselines cannot grow past one
-c5.large; on the trace up to {", ".join(f"{n} {p}" for p, n in MAX_WORKERS.items())} workers. Baseline
-instances share workers up to the catalog's slots (2 per c5.large, 4 per GPU or Inferentia device).
+c5.large; on the bursty workloads up to {", ".join(f"{n} {p}" for p, n in MAX_WORKERS.items())}
+workers. Baseline instances share workers up to the catalog's slots (2 per c5.large, 4 per GPU
+or Inferentia device). Clipper+ GPU's "known peak" is the highest rate over any
+{PEAK_WINDOW_S:g} s of the workload's arrivals (the curve's peak in the patterns).
 
 **Bills** (every system, both): INFaaS's (§6.2, primary): each instance on a running worker costs
 its memory footprint (profiled peak + {BASE_INSTANCE_MEMORY_MB:.0f} MB for the serving process, as the
@@ -1340,6 +1634,24 @@ it leaves, and Lambda at its list prices.
 {reading(outcome)}
 
 {findings(outcome)}
+
+### Every workload at a glance
+
+{workloads_text(outcome)}
+
+{summary_table(outcome)}
+
+Burstiness: of the measured arrivals on each workload's first seed (warm-up excluded): the
+inter-arrival times' coefficient of variation (1 for Poisson arrivals), and per window length
+the most arrivals in any window of that length (sliding) over the mean rate's count in it
+(InferLine's arrival envelope, normalised; at low rates the short windows' figure is large for
+Poisson arrivals too: a few queries where a fraction of one is expected). Cost ratios: INFaaS's
+per-instance bill, each baseline's over the INFaaS-priced project's (exact program), per seed
+(above 1: the project is cheaper); the greedy's on the first seed. Violations: the project's
+count over that of the baseline with the fewest (its share in brackets), per seed (below 1: the
+project violated less).
+
+{DERIVED_NOTE}
 
 ### The simulator against the embedded stack
 
@@ -1364,6 +1676,35 @@ second of wall clock.
 {chr(10).join(sections)}
 ![Cost ratio of every baseline to the project, per workload](costs_ratios.png)
 """
+
+
+def workloads_text(outcome: Outcome) -> str:
+    """How the bursty workloads' arrivals are made."""
+    replays = [w for w in outcome.workloads if isinstance(w.source, ArrivalTimes)]
+    lines = [
+        "INFaaS's patterns are Poisson arrivals over their rate curves. The bursty workloads keep "
+        "their arrival times, not a binned rate: a recorded trace (the conversation trace "
+        f"`{Path(str(TRACE_PATH)).name}`, and the second trace where given) is replayed at its recorded "
+        "times (`sim.traces.replay`), compressed in time to the mean rate where that leaves at least "
+        f"{REPLAY_MIN_S / 60:g} min of arrivals, else as the fewest copies, shifted by seeded random "
+        f"offsets (seed {REPLAY_SEED}) and superposed, that do, each copy compressed by the factor left: "
+        "compression alone keeps the recorded order and every burst's shape but squeezes a one-hour "
+        "trace at 5.5 QPS into 3 min at 100 QPS and 20 s at 1,000 QPS, a minute's burst into a few "
+        "seconds; superposition squeezes each copy's bursts only by the factor left, and "
+        "its slower swings partly average out across copies (the table's envelope shows how much). "
+        f"Where a window is named, its busiest window of that length is simulated. Gamma gaps "
+        f"(`gamma_arrivals`: a renewal process, shape 1/CV²) and on-off bursts (`on_off_arrivals`: "
+        "ON and OFF periods of exponential length, Poisson arrivals within each, the ON share of "
+        "the run exact) are drawn afresh per seed. A system is told the peak rate over any "
+        f"{PEAK_WINDOW_S:g} s (Clipper+ GPU is sized for it) and the first {START_WINDOW_S:g} s's rate "
+        f"(SageMaker+ starts sized for it; every system's {WARMUP_S:g} s warm-up is Poisson at it).",
+    ]
+    for workload in replays:
+        lines.append(f"- `{workload.key}`: {workload.title}: {workload.replayed}.")
+    for workload in outcome.workloads:
+        if not workload.pattern and not isinstance(workload.source, ArrivalTimes):
+            lines.append(f"- `{workload.key}`: {workload.title}: {workload.replayed}.")
+    return "\n".join(lines)
 
 
 def _build_s(zoo: Zoo) -> float:
@@ -1397,7 +1738,16 @@ def outcome_from_json(data: dict[str, Any], args: argparse.Namespace) -> Outcome
     zoo = measured_zoo(args.state_dir, quick=quick, only=data.get("only") or args.only)
     cold = [float(v) for v in data["lambda_cold_start_ms"]]
     setup = make_setup(zoo, statistics.median(cold))
-    workloads = make_workloads(setup, quick, int(data.get("repeats", 3)), args.trace)
+    trace2 = data.get("trace2")
+    workloads = make_workloads(
+        setup,
+        quick,
+        int(data.get("repeats", 3)),
+        Path(data.get("trace") or args.trace),
+        Path(trace2) if trace2 else args.trace2,
+        [w["key"] for w in data.get("workloads", [])] or args.workloads,
+        data.get("trace2_column") or args.trace2_column,
+    )
     outcome = Outcome(workloads, data["results"], data["validation"], cold, data["wall_s"], zoo, setup)
     outcome.checks = headline_checks(outcome)
     return outcome
@@ -1415,7 +1765,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=3,
-        help="seeds per workload (at most 2 for the trace at 100 QPS, 1 at 1,000 QPS)",
+        help="seeds per workload (at most 1 for the traces at 1,000 QPS)",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulations at a time")
     parser.add_argument(
@@ -1423,7 +1773,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--state-dir", type=Path, default=Path(".modelless"))
     parser.add_argument("--only", nargs="+", help="these models of the real zoo only")
-    parser.add_argument("--trace", type=Path, default=TRACE_PATH)
+    parser.add_argument(
+        "--trace", type=Path, default=TRACE_PATH, help="the conversation trace (Azure format)"
+    )
+    parser.add_argument(
+        "--trace2",
+        type=Path,
+        help="a second recorded trace: a CSV with an arrival-time column, in seconds or ISO 8601 "
+        f"(default: {TRACE2_PATH} where it exists; otherwise its workloads are left out)",
+    )
+    parser.add_argument(
+        "--trace2-column", help="the second trace's arrival-time column (default: found by name)"
+    )
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        choices=WORKLOADS,
+        metavar="KEY",
+        help=f"these workloads only, among: {' '.join(WORKLOADS)} (default: all; --quick: "
+        f"{' '.join(QUICK_WORKLOADS)})",
+    )
     parser.add_argument(
         "--rerender",
         action="store_true",
@@ -1463,15 +1832,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lambda_cold_start_ms": outcome.lambda_init_ms,
         "validation": outcome.validation,
         "checks": outcome.checks,
+        "trace": str(args.trace),
+        "trace2": str(args.trace2) if args.trace2 else None,
+        "trace2_column": args.trace2_column,
         "workloads": [
             {
                 "key": w.key,
                 "title": w.title,
                 "replayed": w.replayed,
                 "seeds": list(w.seeds),
-                "mean_qps": w.curve.mean,
-                "peak_qps": w.curve.peak,
-                "duration_s": w.curve.duration_s,
+                "mean_qps": w.mean_qps,
+                "peak_qps": w.peak_qps(w.seeds[0]),
+                "peak_window_s": PEAK_WINDOW_S,
+                "duration_s": w.duration_s,
+                "burstiness": dataclasses.asdict(outcome.burstiness(w)),
             }
             for w in outcome.workloads
         ],

@@ -1186,7 +1186,8 @@ class FixedVariant:
     def start(self, sim: Simulation) -> None:
         for model, count in self._replicas.items():
             for _ in range(count):
-                self._add(sim, model, preloaded=True)
+                if not self._add(sim, model, preloaded=True):
+                    break  # no worker may hold another: the rest would not fit either
 
     def _add(self, sim: Simulation, model: str, preloaded: bool = False) -> bool:
         """One more instance of ``model``'s variant; False where no worker may hold it."""

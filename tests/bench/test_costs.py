@@ -6,9 +6,11 @@ names and latencies of their order; nothing is simulated or timed here."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.costs import (
@@ -16,6 +18,13 @@ from bench.costs import (
     CLIPPER_GPU_BATCH,
     MAX_WORKERS,
     ONE_WORKER,
+    PEAK_WINDOW_S,
+    QUICK_S,
+    REPLAY_MIN_S,
+    SLACK,
+    START_WINDOW_S,
+    WORKLOADS,
+    Workload,
     build_system,
     compare_violations,
     make_setup,
@@ -33,8 +42,8 @@ from bench.sim_profiles import (
 )
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.types import VariantProfile
-from sim.simulator import FixedVariant, Modelless, instance_memory_gb
-from sim.traces import TRACE_PATH
+from sim.simulator import FixedVariant, Modelless, instance_memory_gb, worker_slots
+from sim.traces import TRACE_PATH, ArrivalTimes, GammaProcess, OnOffProcess, RateCurve
 
 APP = "zoo-images"
 HEAVY = "resnet50"
@@ -120,19 +129,122 @@ def test_a_cold_model_slower_than_the_floor_gets_one_and_a_half_times_its_latenc
     assert found["mobilenetv3_small_100"].slo_ms == pytest.approx(60.0)
 
 
+def second_trace(path: Path) -> Path:
+    """A hand-made second trace: one hour of bursts, ten arrivals 50 ms apart every 10 s."""
+    rows = [f"{start + 0.05 * i:.3f}" for start in range(0, 3600, 10) for i in range(10)]
+    path.write_text("arrived_at,num_prefill_tokens\n" + "".join(f"{t},1\n" for t in rows))
+    return path
+
+
 @pytest.mark.skipif(not TRACE_PATH.exists(), reason="the shared trace is not beside this checkout")
-def test_patterns_serve_the_heavy_model_on_one_worker_and_the_trace_the_whole_zoo() -> None:
+def test_patterns_serve_the_heavy_model_on_one_worker_and_bursty_traffic_the_whole_zoo(
+    tmp_path: Path,
+) -> None:
     setup = make_setup(hand_built_zoo(), 300.0)
-    workloads = {w.key: w for w in make_workloads(setup, quick=False, repeats=3, trace=TRACE_PATH)}
-    assert list(workloads) == ["flat", "steady", "fluctuating", "trace-10", "trace-100", "trace-1000"]
+    trace2 = second_trace(tmp_path / "second.csv")
+    workloads = {
+        w.key: w for w in make_workloads(setup, quick=False, repeats=3, trace=TRACE_PATH, trace2=trace2)
+    }
+    assert tuple(workloads) == WORKLOADS
     for key in ("flat", "steady", "fluctuating"):
         assert [a.model for a in workloads[key].mix.architectures] == [HEAVY]
         assert workloads[key].max_workers == ONE_WORKER and workloads[key].seeds == (1, 2, 3)
-    for key, seeds in (("trace-10", (1, 2, 3)), ("trace-100", (1, 2)), ("trace-1000", (1,))):
+        assert isinstance(workloads[key].source, RateCurve)  # Poisson over INFaaS's curves
+    bursty = [k for k in WORKLOADS if k not in ("flat", "steady", "fluctuating")]
+    for key in bursty:
         assert [a.model for a in workloads[key].mix.architectures] == list(POPULARITY)
-        assert workloads[key].max_workers == MAX_WORKERS and workloads[key].seeds == seeds
-    assert workloads["trace-10"].curve.mean == pytest.approx(10.0)
-    assert workloads["trace-1000"].curve.duration_s == 300.0  # its busiest five minutes
+        assert workloads[key].max_workers == MAX_WORKERS
+    for key in ("conv-1000", "trace2-1000"):
+        assert workloads[key].seeds == (1,) and workloads[key].duration_s == 300.0  # the busiest 5 min
+    # Replayed at recorded times, at the asked mean (the busiest window's at least that).
+    for key, mean in (("conv-10", 10.0), ("conv-100", 100.0), ("trace2-100", 100.0)):
+        replayed = workloads[key].source
+        assert isinstance(replayed, ArrivalTimes) and replayed.duration_s >= REPLAY_MIN_S
+        assert replayed.mean_qps == pytest.approx(mean)
+        assert replayed.draw(1) is replayed.draw(2)  # the same arrivals on every seed
+    assert workloads["conv-1000"].mean_qps >= 1000.0
+    assert workloads["conv-10"].replayed == "all 32.3 min: recorded times divided by 1.81"  # compressed only
+    assert "copies" in workloads["trace2-100"].replayed  # 100 QPS from 2.8 QPS: superposed
+    # The synthetic ones are drawn per seed at 100 QPS.
+    gamma = workloads["gamma-cv8"].source
+    assert isinstance(gamma, GammaProcess) and gamma.cv == 8.0
+    assert not np.array_equal(gamma.draw(1).times, gamma.draw(2).times)
+    assert isinstance(workloads["on-off"].source, OnOffProcess)
+    # Every bursty workload's arrivals are measured for the write-up.
+    stats = workloads["trace2-100"].burstiness(1)
+    assert stats.mean_qps == pytest.approx(100.0) and stats.cv > 1
+
+
+@pytest.mark.skipif(not TRACE_PATH.exists(), reason="the shared trace is not beside this checkout")
+def test_workloads_can_be_picked_and_the_quick_run_is_short(tmp_path: Path) -> None:
+    setup = make_setup(hand_built_zoo(), 300.0)
+    picked = make_workloads(setup, False, 2, TRACE_PATH, keys=["gamma-cv4", "flat"])
+    assert [w.key for w in picked] == ["flat", "gamma-cv4"] and picked[1].seeds == (1, 2)
+    quick = make_workloads(setup, True, 3, TRACE_PATH)
+    assert [w.key for w in quick] == ["flat", "fluctuating", "conv-10", "gamma-cv4"]
+    assert all(w.seeds == (1,) for w in quick)
+    assert all(w.duration_s <= QUICK_S for w in quick if not w.pattern)
+    # Without a second trace its workloads are left out, unless asked for by name.
+    assert not [w for w in make_workloads(setup, False, 1, TRACE_PATH) if w.key.startswith("trace2")]
+    with pytest.raises(ValueError, match="no second trace"):
+        make_workloads(setup, False, 1, TRACE_PATH, keys=["trace2-100"])
+    with pytest.raises(ValueError, match="unknown workloads"):
+        make_workloads(setup, False, 1, TRACE_PATH, keys=["trace-10"])
+
+
+def test_bursty_workloads_size_the_baselines_by_their_own_arrivals() -> None:
+    setup = make_setup(hand_built_zoo(), 300.0)
+    # 20 QPS for the first 30 s, then one 10 s burst at 2,000 QPS, then quiet.
+    times = np.sort(
+        np.concatenate(
+            (np.linspace(0.0, 30.0, 600, endpoint=False), np.linspace(100.0, 110.0, 20_000, endpoint=False))
+        )
+    )
+    workload = Workload(
+        "burst",
+        "a burst",
+        ArrivalTimes("a burst", times, 200.0),
+        (1,),
+        2.0,
+        "",
+        setup.trace_mix,
+        MAX_WORKERS,
+        pattern=False,
+    )
+    assert workload.peak_qps(1) == pytest.approx(20_000 / PEAK_WINDOW_S)
+    assert workload.start_qps(1) == pytest.approx(600 / START_WINDOW_S)
+    clipper_gpu = build_system("clipper+-gpu", setup, workload)
+    sagemaker = build_system("sagemaker+-cpu", setup, workload)
+    assert isinstance(clipper_gpu, FixedVariant) and isinstance(sagemaker, FixedVariant)
+    share = dict(zip([a.model for a in setup.trace_mix.architectures], setup.trace_mix.shares, strict=True))
+    # SageMaker+ starts sized for the first 30 s's 20 QPS (not the run's mean, 103 QPS)...
+    capacity = sagemaker._capacity
+    assert {m: n for m, n in sagemaker._replicas.items() if capacity[m]} == {
+        m: max(1, math.ceil(20.0 * share[m] * (1 + SLACK) / capacity[m])) for m in share if capacity[m]
+    }
+    # ...and a variant that cannot meet its SLO at any rate gets what its capped pool can hold,
+    # not billions of instances.
+    assert capacity[HEAVY] == 0
+    assert sagemaker._replicas[HEAVY] == MAX_WORKERS["cpu"] * worker_slots(DEFAULT_POOLS["cpu"])
+    # Sized for the burst: more GPU instances than for the starting rate.
+    calm = Workload(
+        "calm",
+        "calm",
+        ArrivalTimes("calm", times[:600], 200.0),
+        (1,),
+        2.0,
+        "",
+        setup.trace_mix,
+        MAX_WORKERS,
+        False,
+    )
+    calm_gpu = build_system("clipper+-gpu", setup, calm)
+    assert isinstance(calm_gpu, FixedVariant)
+    assert sum(clipper_gpu._replicas.values()) > sum(calm_gpu._replicas.values())
+    # Every query of the measured part is sent at its time, after a Poisson warm-up at the start rate.
+    sent = list(workload.arrivals(1, warmup_s=60.0))
+    assert [a.at - 60.0 for a in sent if a.at >= 60.0] == pytest.approx(times.tolist())
+    assert abs(sum(1 for a in sent if a.at < 60.0) - 1200) < 4 * 1200**0.5
 
 
 @pytest.mark.skipif(not TRACE_PATH.exists(), reason="the shared trace is not beside this checkout")
