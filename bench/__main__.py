@@ -620,6 +620,7 @@ PARTS: dict[str, str] = {
     "variant-picks": "which variant each (latency, accuracy) target picks across the real zoo",
     "serving": "real zoo: overhead over a direct onnxruntime call; AIMD batching against batch 1; Ray Serve",
     "costs": "real zoo: trace-driven cost and SLO against INFaaS's baselines (simulator, validated live)",
+    "sim-validation": "real zoo: the simulator against the live embedded stack, replaying the conv trace",
     "selection": "per-query decision time, in-memory and Redis",
     "live": "selection and round trip in the replies of real queries over HTTP (digits models)",
     "zoo": "variants generated, kept and pruned for the demo (digits) zoo; registration time",
@@ -644,7 +645,7 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "Real architectures (the real zoo)",
         "timm's MobileNets, EfficientNet-B0, ResNets, DenseNet-121 and ViT-Tiny at 3x224x224 and a "
         "BERT-style text model ([ZOO.md](ZOO.md)): the figures that say what serving real models costs.",
-        ("real-zoo", "variant-picks", "serving", "costs"),
+        ("real-zoo", "variant-picks", "serving", "costs", "sim-validation"),
     ),
     (
         "Small models (scikit-learn digits)",
@@ -672,12 +673,13 @@ DELEGATED = {
     "offline": "bench.offline",
     "soak": "bench.soak",
     "costs": "bench.costs",
+    "sim-validation": "bench.sim_validation",
 }
 DOC = Path("docs/BENCHMARKS.md")
 
 
 # The parts with a ``--quick`` smoke mode (two models of the real zoo, short loads).
-QUICK_PARTS = ("real-zoo", "variant-picks", "serving", "costs", "offline", "soak")
+QUICK_PARTS = ("real-zoo", "variant-picks", "serving", "costs", "sim-validation", "offline", "soak")
 
 
 def run_all(parts: list[str], out_dir: Path, quick: bool = False) -> None:
