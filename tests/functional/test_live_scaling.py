@@ -386,8 +386,15 @@ def test_load_scales_the_pool_up_then_down_and_no_query_is_lost_while_a_worker_l
             redis_store,
             provider,
             DEFAULT_POOLS,
+            # The mean and the hold (INFaaS), so that the pool shrinks within the test: the
+            # arrival envelope would keep the burst for its 60 s history.
             ScalerConfig(
-                window_s=5, slack=0.2, min_hold_s=3.0, min_workers={"cpu": 1}, max_workers={"cpu": 3}
+                window_s=5,
+                slack=0.2,
+                min_hold_s=3.0,
+                min_workers={"cpu": 1},
+                max_workers={"cpu": 3},
+                provision_for_envelope=False,
             ),
         )
         dispatcher = Dispatcher(redis_store, InfaasPolicy(DEFAULT_POOLS), invoker, None, extra_workers=None)

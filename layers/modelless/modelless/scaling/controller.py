@@ -151,6 +151,11 @@ class Scaler:
     def build_problem(self, now: float) -> Snapshot:
         """The program for the load of the last window, with what it was built from."""
         load = self._store.recent_load(self._config.window_s, now)
+        if self._config.provision_for_envelope:
+            # A group quiet over the window but not over the envelope's history is still planned
+            # for (its envelope remembers the burst): its mean is 0.
+            for key in self._store.load_series(self._config.envelope_history_s, now):
+                load.setdefault(key, 0.0)
         groups: dict[str, tuple[QueryGroup, list[VariantProfile]]] = {}
         for key in load:
             group = QueryGroup.parse(key)
