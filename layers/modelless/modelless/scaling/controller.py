@@ -151,10 +151,12 @@ class Scaler:
     def build_problem(self, now: float) -> Snapshot:
         """The program for the load of the last window, with what it was built from."""
         load = self._store.recent_load(self._config.window_s, now)
+        series: dict[str, list[int]] = {}
         if self._config.provision_for_envelope:
             # A group quiet over the window but not over the envelope's history is still planned
             # for (its envelope remembers the burst): its mean is 0.
-            for key in self._store.load_series(self._config.envelope_history_s, now):
+            series = self._store.load_series(self._config.envelope_history_s, now)
+            for key in series:
                 load.setdefault(key, 0.0)
         groups: dict[str, tuple[QueryGroup, list[VariantProfile]]] = {}
         for key in load:
@@ -224,16 +226,16 @@ class Scaler:
         )
         provisioned: dict[str, Provisioning] = {}
         if self._config.provision_for_envelope and scaling_groups:
-            problem, provisioned = self._for_envelope(problem, now)
+            problem, provisioned = self._for_envelope(problem, series)
         profiles = {variant.id: eligible[variant.id][0] for variant in variants}
         running_now = {pool: dict(v) for pool, v in running_in.items()}
         return Snapshot(problem, load, profiles, running_now, provisioned)
 
     def _for_envelope(
-        self, problem: ScalingProblem, now: float
+        self, problem: ScalingProblem, series: Mapping[str, list[int]]
     ) -> tuple[ScalingProblem, dict[str, Provisioning]]:
-        """``problem`` with each group's load raised to its envelope (modelless.scaling.envelope)."""
-        series = self._store.load_series(self._config.envelope_history_s, now)
+        """``problem`` with each group's load raised to its envelope (modelless.scaling.envelope),
+        from ``series``: each group's arrivals per second over the envelope's history."""
         means = {group.id: problem.need(group) for group in problem.groups}
         cheapest: dict[str, float] = {}  # group -> $/s per QPS on its cheapest variant
         whole: dict[str, float] = {}  # group -> $/s of the fewest whole instances for its mean
