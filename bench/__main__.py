@@ -621,12 +621,16 @@ PARTS: dict[str, str] = {
     "serving": "real zoo: overhead over a direct onnxruntime call; AIMD batching against batch 1; Ray Serve",
     "costs": "real zoo: trace-driven cost and SLO against INFaaS's baselines (simulator, validated live)",
     "sim-validation": "real zoo: the simulator against the live embedded stack, replaying the conv trace",
+    "tuning": "real zoo: RRL-style parallelism tuning on a real worker against static configurations",
     "selection": "per-query decision time, in-memory and Redis",
     "live": "selection and round trip in the replies of real queries over HTTP (digits models)",
     "zoo": "variants generated, kept and pruned for the demo (digits) zoo; registration time",
     "scaler": "solve time of the variant-mix program; the greedy's optimality gap",
     "offline": "offline job throughput alone and beside online load (a small MLP)",
     "soak": "10 minutes at 80 % of measured capacity: errors by kind, p99, SLO attainment, memory slopes",
+    "selection-feedback": "a model goes bad mid-run: Exp3/Exp4 selection from feedback against static INFaaS",
+    "cache": "the prediction cache: a hit's p50/p99 latency against a miss's, over HTTP",
+    "pipelines": "real zoo: pipelines under one end-to-end SLO, planner + tuner vs InferLine baselines (sim)",
 }
 # Fragments kept from runs of parts since re-based on the real zoo: the small-model numbers.
 ARCHIVED: dict[str, str] = {
@@ -645,13 +649,13 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "Real architectures (the real zoo)",
         "timm's MobileNets, EfficientNet-B0, ResNets, DenseNet-121 and ViT-Tiny at 3x224x224 and a "
         "BERT-style text model ([ZOO.md](ZOO.md)): the figures that say what serving real models costs.",
-        ("real-zoo", "variant-picks", "serving", "costs", "sim-validation"),
+        ("real-zoo", "variant-picks", "serving", "costs", "sim-validation", "tuning", "cache", "pipelines"),
     ),
     (
         "Small models (scikit-learn digits)",
         "The demo zoo's 8x8-digit models (0.005-1.5 ms per inference), where the serving path's own "
         "milliseconds dominate: kept for what they isolate, the path itself.",
-        ("zoo", "live", "digits-serving", "digits-costs", "offline"),
+        ("zoo", "live", "digits-serving", "digits-costs", "offline", "selection-feedback"),
     ),
     (
         "Endurance",
@@ -674,12 +678,28 @@ DELEGATED = {
     "soak": "bench.soak",
     "costs": "bench.costs",
     "sim-validation": "bench.sim_validation",
+    "selection-feedback": "bench.feedback",
+    "tuning": "bench.tuning",
+    "cache": "bench.cache",
+    "pipelines": "bench.pipelines",
 }
 DOC = Path("docs/BENCHMARKS.md")
 
 
 # The parts with a ``--quick`` smoke mode (two models of the real zoo, short loads).
-QUICK_PARTS = ("real-zoo", "variant-picks", "serving", "costs", "sim-validation", "offline", "soak")
+QUICK_PARTS = (
+    "real-zoo",
+    "variant-picks",
+    "serving",
+    "costs",
+    "sim-validation",
+    "tuning",
+    "offline",
+    "soak",
+    "selection-feedback",
+    "cache",
+    "pipelines",
+)
 
 
 def run_all(parts: list[str], out_dir: Path, quick: bool = False) -> None:
@@ -848,7 +868,8 @@ def main(argv: list[str] | None = None) -> None:
     for name, module in DELEGATED.items():
         delegated = commands.add_parser(
             # argparse formats help with %: a literal one is written %%.
-            name, help=f"{PARTS[name]} ({module.replace('.', '/')}.py; --help there)".replace("%", "%%")
+            name,
+            help=f"{PARTS[name]} ({module.replace('.', '/')}.py; --help there)".replace("%", "%%"),
         )
         delegated.add_argument("options", nargs=argparse.REMAINDER, help="passed on to the part")
     everything = commands.add_parser("all", help="every part in turn, then docs/BENCHMARKS.md")
@@ -862,6 +883,9 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_parser("report", help="assemble docs/BENCHMARKS.md from docs/bench/ without measuring")
     for sub in (selection, zoo, live, everything, commands.choices["report"]):
         sub.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
+    # The prediction cache would answer the repeated inputs of the serving benchmarks without
+    # running them: off, except where a part turns it on (bench/cache.py measures it).
+    os.environ.setdefault("MODELLESS_PREDICTION_CACHE_ENABLED", "false")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in DELEGATED:  # its own options, parsed by its own module
         import importlib

@@ -225,8 +225,16 @@ def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, st
         # The stack serves the zoo cache's artifacts where they are (read only: nothing registers).
         (Path(tmp) / "repo").symlink_to(zoo.repository.resolve(), target_is_directory=True)
         port = 19080 + os.getpid() % 1000
+        # Tuning off: the simulator models instances as profiled, and the two must run the same.
         stack = start_stack(
-            Path(tmp), "127.0.0.1", port, STACK_WORKERS, STACK_LAMBDA_CONCURRENCY, "memory://", max_workers=4
+            Path(tmp),
+            "127.0.0.1",
+            port,
+            STACK_WORKERS,
+            STACK_LAMBDA_CONCURRENCY,
+            "memory://",
+            max_workers=4,
+            tune="off",
         )
         serving = ThreadedGateway(stack, port, log_level="error")
         try:

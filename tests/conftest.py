@@ -33,6 +33,10 @@ for _name, _value in {
     os.environ[_name] = _value
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+# The prediction cache answers a repeated query without running it: a test of serving that sends
+# one input twice would test the cache instead. Off, unless a test turns it on (the tests of the
+# cache itself: tests/*/test_prediction_cache.py); child processes inherit it.
+os.environ.setdefault("MODELLESS_PREDICTION_CACHE_ENABLED", "false")
 
 
 @pytest.fixture(autouse=True)

@@ -107,3 +107,49 @@ def wide_model() -> bytes:
             np.zeros(10, dtype=np.float32),
         ]
     )
+
+
+@cache
+def slow_model(side: int = 256, channels: int = 32, layers: int = 12) -> bytes:
+    """A classifier that is genuinely slow to run and small to store: the digit upsampled to
+    ``side`` x ``side`` inside the graph, then ``layers`` 3x3 convolutions of ``channels``
+    channels (~1 GFLOP each at the defaults: hundreds of ms per row on one thread). Its
+    weights are random: for tests of what a slow model does to serving, not of its answers."""
+    rng = np.random.default_rng(0)
+    scale = side / 8
+    initializers = [
+        numpy_helper.from_array(np.array([1.0, 1.0, scale, scale], dtype=np.float32), "scales"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (channels, 1, 3, 3)).astype(np.float32), "w0"),
+        numpy_helper.from_array(rng.normal(0, 0.1, (channels, 10)).astype(np.float32), "w_out"),
+    ]
+    nodes = [
+        helper.make_node("Resize", ["input", "", "scales"], ["big"], mode="nearest"),
+        helper.make_node("Conv", ["big", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+    ]
+    current = "r0"
+    for layer in range(1, layers):
+        weights = rng.normal(0, 0.1, (channels, channels, 3, 3)).astype(np.float32)
+        initializers.append(numpy_helper.from_array(weights, f"w{layer}"))
+        nodes += [
+            helper.make_node("Conv", [current, f"w{layer}"], [f"c{layer}"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", [f"c{layer}"], [f"r{layer}"]),
+        ]
+        current = f"r{layer}"
+    nodes += [
+        helper.make_node("GlobalAveragePool", [current], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "w_out"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "slow_classifier",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    serialized: bytes = model.SerializeToString()
+    return serialized

@@ -40,6 +40,7 @@ from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.scaling.controller import Scaler, ScalerConfig
+from modelless.tuning import POLICIES
 
 STATE_FILE = "stack.json"
 NO_REDIS_WARNING = """\
@@ -246,7 +247,10 @@ def start_stack(
     lambda_concurrency: int,
     metadata: str,
     max_workers: int = 4,
+    tune: str = "region",
 ) -> LocalStack:
+    """``tune``: the policy each worker tunes its instances' parallelism with (``--tune``,
+    docs/TUNING.md), ``off`` to run each as profiled."""
     state_dir.mkdir(parents=True, exist_ok=True)
     url = f"http://{host}:{port}"
     metadata_url, metadata_server = resolve_metadata_url(metadata, state_dir)
@@ -281,6 +285,7 @@ def start_stack(
         settings.admin_key,
         state_dir / "logs",
         state_dir / "cache",
+        worker_args=("--tune", tune),
     )
     (state_dir / STATE_FILE).write_text(
         json.dumps({"url": url, "admin_key": settings.admin_key, "metadata_url": metadata_url}, indent=2)
@@ -313,6 +318,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--scale-every", type=float, default=5.0, help="seconds between scaling ticks; 0: off"
     )
+    parser.add_argument(
+        "--tune",
+        choices=("off", *POLICIES),
+        default="region",
+        help="how workers tune their instances' parallelism under live traffic (docs/TUNING.md)",
+    )
     args = parser.parse_args(argv)
 
     # EMF metrics go to stdout in Lambda (CloudWatch reads them); here they would drown the output.
@@ -327,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
             args.lambda_concurrency,
             args.metadata,
             args.max_workers,
+            args.tune,
         )
     if args.scale_every > 0:
         stack.start_scaling(args.scale_every)

@@ -99,7 +99,13 @@ def test_a_killed_runner_child_is_restarted_at_once_and_its_job_completes_exactl
     assert view.job.restarts == 1 and view.job.runner_failure.endswith("; resumed") and not view.stalled
     assert finished.status is JobStatus.COMPLETED, finished.message
     assert (finished.done, finished.total, finished.errors, finished.runs) == (INPUTS, INPUTS, 0, 2)
-    assert redis_store.job_lease_holder(job.job_id) is None
+    # The runner marks the job completed, then lets its lease go (in its run's last step): a
+    # reader can come between the two.
+    wait_for(
+        lambda: redis_store.job_lease_holder(job.job_id) is None,
+        10.0,
+        "the finished runner to release its lease",
+    )
     # Exactly once: every result, one version each, and the summary; nothing else.
     versions = buckets.versions("out/")
     results = {k: n for k, n in versions.items() if k.endswith(RESULT_SUFFIX)}

@@ -785,3 +785,48 @@ def test_the_profile_estimate_covers_every_batch_size() -> None:
     assert estimate(3) == 3.0  # next profiled size up
     assert estimate(16) == 8.0
     assert estimate(32) == 16.0  # beyond the profile: linear in rows
+
+
+# --- concurrent runs (a tuned instance's request-level parallelism) ---------------------------
+
+
+@pytest.mark.parametrize("runners", [1, 2])
+def test_runners_let_that_many_batches_run_at_once(runners: int) -> None:
+    """Two batches meet inside the model only when two dispatch threads run them: with one, the
+    second waits for the first, whose model gives up waiting for a partner."""
+    partner = threading.Barrier(2, timeout=scaled(0.5) if runners == 1 else scaled(10.0))
+    met = []
+
+    def model(inputs: np.ndarray) -> np.ndarray:
+        try:
+            partner.wait()
+            met.append(True)
+        except threading.BrokenBarrierError:
+            met.append(False)
+        return inputs * 2
+
+    batcher = VariantBatcher("v", model, lambda rows: 1.0, max_limit=1, runners=runners)
+    try:
+        assert batcher.runners == runners and batcher.stats()["runners"] == runners
+        results: list[np.ndarray] = []
+
+        def call(value: float) -> None:
+            results.append(
+                batcher.submit(np.full((1, 2), value, dtype=np.float32), deadline_after(10_000)).outputs
+            )
+
+        callers = [threading.Thread(target=call, args=(float(i),)) for i in range(2)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(scaled(10.0))
+        assert sorted(float(r[0, 0]) for r in results) == [0.0, 2.0]  # both answered, either way
+        assert all(met) == (runners == 2)
+    finally:
+        batcher.close()
+    assert not any(thread.is_alive() for thread in batcher._threads)
+
+
+def test_runners_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="runners"):
+        VariantBatcher("v", lambda x: x, lambda rows: 1.0, max_limit=1, runners=0)

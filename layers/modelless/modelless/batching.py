@@ -40,6 +40,10 @@ queued query is late, running them one by one would collapse throughput exactly 
 needed. What bounds a caller's wait is ``result_timeout_s``: past it, ``submit`` raises
 ``BatchTimeoutError`` (a model that hangs must not hang its callers forever).
 
+**Concurrent runs** (``runners``): an instance tuned to run several batches at once
+(``modelless.tuning``: RRL's request-level parallelism) gets that many dispatch threads over the
+one queue; each takes the next batch as soon as it is free, so batches overlap on the session.
+
 Deadlines are absolute times on ``time.monotonic()``'s clock (``deadline_after`` makes one).
 
 Offline batch work (DESIGN §6) has a lane of its own, ``submit_background``: the dispatch thread
@@ -272,7 +276,10 @@ class VariantBatcher:
         result_timeout_s: float = DEFAULT_RESULT_TIMEOUT_S,
         controller: AimdController | None = None,
         budget_window_s: float = BUDGET_WINDOW_S,
+        runners: int = 1,
     ) -> None:
+        if runners < 1:
+            raise ValueError(f"runners must be at least 1, not {runners}")
         self.name = name
         self._model = model
         self._estimate_ms = estimate_ms
@@ -289,15 +296,24 @@ class VariantBatcher:
         self._background: deque[_Request] = deque()  # offline work: runs only when _queue is empty
         self._cond = threading.Condition()
         self._closed = False
-        # Counters for /stats and tests; written by the dispatch thread only.
+        # Counters for /stats and tests; written by the dispatch threads, under the lock.
         self.batches = 0
         self.requests = 0
         self.rows = 0
         self.largest_batch = 0
         self.background_runs = 0
         self.background_rows = 0
-        self._thread = threading.Thread(target=self._run, name=f"batch-{name}", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, name=f"batch-{name}-{index}", daemon=True)
+            for index in range(runners)
+        ]
+        for thread in self._threads:
+            thread.start()
+        self._thread = self._threads[0]  # the one dispatch thread of an untuned instance
+
+    @property
+    def runners(self) -> int:
+        return len(self._threads)
 
     # --- callers' side ------------------------------------------------------------------------
 
@@ -386,8 +402,10 @@ class VariantBatcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout_s)
+        ends = time.monotonic() + timeout_s
+        for thread in self._threads:
+            if threading.current_thread() is not thread:
+                thread.join(max(0.0, ends - time.monotonic()))
 
     @property
     def queued(self) -> int:
@@ -406,6 +424,7 @@ class VariantBatcher:
             return {
                 "limit": self.controller.limit,
                 "max_limit": self.controller.max_limit,
+                "runners": len(self._threads),
                 "budget_limit": self._limit(now),
                 "tightest_budget_ms": _finite_or_none(self.recent_budgets.tightest(now)),
                 "batches": self.batches,
@@ -441,8 +460,9 @@ class VariantBatcher:
             request.done.set()
             return
         finished = time.monotonic()
-        self.background_runs += 1
-        self.background_rows += request.rows
+        with self._cond:
+            self.background_runs += 1
+            self.background_rows += request.rows
         request.result = BatchResult(
             outputs=outputs,
             batch=request.rows,
@@ -545,13 +565,16 @@ class VariantBatcher:
             for r in batch
             if (r.deadline - r.arrived) * 1000 >= self._expected_ms(r.rows)
         ]
-        limit = (
-            self.controller.observe(rows, inference_ms, min(budgets)) if budgets else self.controller.limit
-        )
-        self.batches += 1
-        self.requests += len(batch)
-        self.rows += rows
-        self.largest_batch = max(self.largest_batch, rows)
+        with self._cond:
+            limit = (
+                self.controller.observe(rows, inference_ms, min(budgets))
+                if budgets
+                else self.controller.limit
+            )
+            self.batches += 1
+            self.requests += len(batch)
+            self.rows += rows
+            self.largest_batch = max(self.largest_batch, rows)
         offset = 0
         for position, request in enumerate(batch):
             request.result = BatchResult(

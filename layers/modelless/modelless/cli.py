@@ -416,6 +416,15 @@ def _cmd_query(args: argparse.Namespace) -> None:
         f"on {reply['tier']} {reply['worker'] or ''}"
     )
     print(f"why:         {reply['reason']}")
+    ensemble = reply.get("ensemble")
+    if ensemble:
+        missing = (
+            f"; missing (late or failed): {', '.join(ensemble['missing'])}" if ensemble["missing"] else ""
+        )
+        print(f"ensemble:    {', '.join(ensemble['members'])}{missing}; confidence {ensemble['confidence']}")
+    print(
+        f"query id:    {reply['queryId']} (policy {reply.get('policy', 'infaas')}; for `modelless feedback`)"
+    )
     print("timings ms:  " + ", ".join(f"{k.removesuffix('_ms')}={v}" for k, v in reply["timingsMs"].items()))
     client_timings = reply.get("clientTimingsMs", {})
     print("client ms:   " + ", ".join(f"{k}={v}" for k, v in client_timings.items()))
@@ -521,6 +530,99 @@ def _cmd_jobs(args: argparse.Namespace) -> None:
     )
 
 
+def _cmd_feedback(args: argparse.Namespace) -> None:
+    with _client(args) as client:
+        if args.stats:
+            stats = client.feedback_stats(args.app)
+            rows = [
+                {
+                    "model": m["model"],
+                    "feedbacks": m["feedbacks"],
+                    "accuracy": _share(m["accuracy"]),
+                    "recent": f"{_share(m['recentAccuracy'])} of {m['recentFeedbacks']}",
+                    "exp3 weight": f"{m['exp3Weight']:.3f}",
+                    "exp4 weight": f"{m['exp4Weight']:.3f}",
+                }
+                for m in stats["models"]
+            ]
+            columns = ["model", "feedbacks", "accuracy", "recent", "exp3 weight", "exp4 weight"]
+            print(f"app {args.app}: selection {stats['policy']}")
+            print(format_table(rows, columns) if rows else "no feedback yet")
+            return
+        if args.query_id is None or (args.label is None) == (args.reward is None):
+            raise SystemExit("error: give a query id and either --label (one, or one per row) or --reward")
+        label = args.label[0] if args.label is not None and len(args.label) == 1 else args.label
+        reply = client.feedback(args.query_id, args.app, label=label, reward=args.reward)
+    rewards = ", ".join(f"{model}={reward:g}" for model, reward in reply["rewards"].items())
+    again = " (given before: nothing changed)" if reply["duplicate"] else ""
+    print(f"query {reply['queryId']} ({reply['policy']}): {rewards or 'no model rewarded'}{again}")
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _cmd_pipelines(args: argparse.Namespace) -> None:
+    """``modelless pipelines register|list|show|delete|plan|query`` (docs/PIPELINES.md)."""
+    with _client(args) as client:
+        if args.action == "register":
+            reply = client.register_pipeline(json.loads(Path(args.spec).read_text()), args.app)
+            print(f"pipeline {reply['pipeline']['name']} registered: {' -> '.join(reply['order'])}")
+        elif args.action == "list":
+            rows = [
+                {
+                    "pipeline": p["pipeline"]["name"],
+                    "stages": " -> ".join(p["order"]),
+                    "slo ms": p["pipeline"]["latencySlo"],
+                    "accuracy": p["pipeline"]["accuracy"],
+                }
+                for p in client.pipelines(args.app)
+            ]
+            print(
+                format_table(rows, ["pipeline", "stages", "slo ms", "accuracy"]) if rows else "no pipelines"
+            )
+        elif args.action == "show":
+            print(json.dumps(client.pipeline(args.name, args.app), indent=2))
+        elif args.action == "delete":
+            client.delete_pipeline(args.name, args.app)
+            print(f"pipeline {args.name} deleted")
+        elif args.action == "plan":
+            plan = client.pipeline_plan(args.name, args.app, args.qps, args.lambda_allowed)
+            if args.json:
+                print(json.dumps(plan, indent=2))
+                return
+            print("\n".join(plan["explanation"]))
+            if not plan["feasible"]:
+                print("NOT FEASIBLE: some load cannot be served within the SLO (see above)")
+        elif args.action == "query":
+            reply = client.query_pipeline(args.name, load_inputs(Path(args.inputs)), args.app)
+            if args.json:
+                print(json.dumps(reply, indent=2))
+                return
+            met = "met" if reply["metSlo"] else "MISSED"
+            print(f"predictions: {reply['predictions']} (answered by {reply['answeredBy']})")
+            print(f"end to end:  {reply['totalMs']} ms, SLO {reply['sloMs']} ms {met}")
+            rows = [
+                {
+                    "stage": st["stage"],
+                    "model": st["model"],
+                    "ran": "yes" if st["ran"] else f"no: {st['skippedBecause']}",
+                    "variant": st["variant"] or "-",
+                    "tier": st["tier"] or "-",
+                    "budget ms": st["budgetMs"] if st["budgetMs"] is not None else "-",
+                    "total ms": st["timingsMs"]["total_ms"] if st["timingsMs"] else "-",
+                }
+                for st in reply["stages"]
+            ]
+            print(format_table(rows, ["stage", "model", "ran", "variant", "tier", "budget ms", "total ms"]))
+
+
+def _cmd_selection(args: argparse.Namespace) -> None:
+    with _client(args) as client:
+        policy = client.set_selection(args.app, args.policy) if args.policy else client.selection(args.app)
+    print(f"app {args.app}: selection {policy}")
+
+
 def _cmd_allow_buckets(args: argparse.Namespace) -> None:
     with _client(args) as client:
         buckets = client.set_offline_buckets(args.app_id, args.buckets)
@@ -538,6 +640,22 @@ def _cmd_workers(args: argparse.Namespace) -> None:
                 f"{worker['worker_id']:12} {worker['pool']:10} util={worker['utilisation']:.2f} "
                 f"free={worker['free_slots']} {loaded}"
             )
+
+
+def _cmd_cache(args: argparse.Namespace) -> None:
+    with _client(args) as client:
+        if args.clear:
+            client.clear_cache()
+        stats = client.cache_stats()
+    if not stats["enabled"]:
+        print("prediction cache: off (MODELLESS_PREDICTION_CACHE_ENABLED)")
+        return
+    print(
+        f"prediction cache ({stats['backend']}): {stats['hits']} hits, {stats['misses']} misses "
+        f"(hit rate {stats['hitRate']:.1%}); {stats['entries']} entries, "
+        f"{stats['bytesUsed'] / 2**20:.2f} of {stats['maxBytes'] / 2**20:.2f} MiB; "
+        f"{stats['evictions']} evictions"
+    )
 
 
 def _file_or_uri(value: str, option: str) -> Path | str:
@@ -676,6 +794,53 @@ def build_parser() -> argparse.ArgumentParser:
     job_status.add_argument("--json", action="store_true", help="print the whole reply")
     job_status.set_defaults(run=_cmd_job_status)
 
+    feedback = commands.add_parser(
+        "feedback",
+        help="the true label (or a reward) of an answered query; --stats: each model's live accuracy",
+    )
+    feedback.add_argument("--app", required=True)
+    feedback.add_argument("query_id", nargs="?", help="the queryId of the query's reply")
+    feedback.add_argument("--label", type=int, nargs="+", help="the true class (one, or one per row)")
+    feedback.add_argument("--reward", type=float, help="how good the reply was, 0..1 (instead of a label)")
+    feedback.add_argument("--stats", action="store_true", help="per model: feedbacks, accuracy, weights")
+    feedback.set_defaults(run=_cmd_feedback)
+
+    selection = commands.add_parser(
+        "selection", help="the app's selection policy (infaas, exp3, exp4): show it, or set it with --policy"
+    )
+    selection.add_argument("--app", required=True)
+    selection.add_argument("--policy", choices=["infaas", "exp3", "exp4"])
+    selection.set_defaults(run=_cmd_selection)
+
+    pipelines = commands.add_parser("pipelines", help="pipelines of models under one end-to-end latency SLO")
+    actions = pipelines.add_subparsers(dest="action", required=True)
+    register_pipeline = actions.add_parser("register", help="register a pipeline from its JSON spec")
+    register_pipeline.add_argument("spec", help="a .json file: name, stages, edges, latencySlo, accuracy")
+    actions.add_parser("list", help="the app's pipelines")
+    for action, text in (
+        ("show", "a pipeline, its order and measured branch probabilities"),
+        ("delete", "delete a pipeline"),
+    ):
+        actions.add_parser(action, help=text).add_argument("name")
+    plan_pipeline = actions.add_parser(
+        "plan", help="the planner's per-stage variant, batch and instances for an arrival rate, explained"
+    )
+    plan_pipeline.add_argument("name")
+    plan_pipeline.add_argument("--qps", type=float, required=True, help="the arrival rate to plan for")
+    plan_pipeline.add_argument(
+        "--lambda-allowed", action="store_true", help="let the plan use the Lambda tier"
+    )
+    plan_pipeline.add_argument("--json", action="store_true", help="print the whole plan")
+    query_pipeline = actions.add_parser("query", help="one online query through a pipeline")
+    query_pipeline.add_argument("name")
+    query_pipeline.add_argument(
+        "--inputs", required=True, help=".npy, .npz or .json file (the entry stage's inputs)"
+    )
+    query_pipeline.add_argument("--json", action="store_true", help="print the whole reply")
+    for subcommand in actions.choices.values():
+        subcommand.add_argument("--app", required=True)
+    pipelines.set_defaults(run=_cmd_pipelines)
+
     jobs = commands.add_parser("jobs", help="the app's offline jobs")
     jobs.add_argument("--app", required=True)
     jobs.set_defaults(run=_cmd_jobs)
@@ -690,6 +855,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     workers.add_argument("--app", help="the app whose instances to show (its key); default: all (admin key)")
     workers.set_defaults(run=_cmd_workers)
+
+    cache = commands.add_parser("cache", help="admin: the prediction cache's hit rate, size and evictions")
+    cache.add_argument("--clear", action="store_true", help="empty it (and reset its counters) first")
+    cache.set_defaults(run=_cmd_cache)
     return parser
 
 

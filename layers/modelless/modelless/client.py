@@ -350,6 +350,69 @@ class Client:
         reply: dict[str, Any] = self._call_once("POST", "/v1/offline_query", idempotency_key, json=body)
         return reply
 
+    def feedback(
+        self,
+        query_id: str,
+        app_id: str,
+        label: int | Sequence[int] | None = None,
+        reward: float | None = None,
+    ) -> dict[str, Any]:
+        """The truth about an answered query (its reply's ``queryId``): its class (one for every
+        row, or one per row), or a reward in [0, 1]. The same feedback again changes nothing
+        (``duplicate`` in the reply); different feedback for the same query is a 409."""
+        body: dict[str, Any] = {"appID": app_id, "queryId": query_id}
+        if label is not None:
+            body["label"] = label if isinstance(label, int) else [int(c) for c in label]
+        if reward is not None:
+            body["reward"] = reward
+        reply: dict[str, Any] = self._call("POST", "/v1/feedback", json=body)
+        return reply
+
+    def feedback_stats(self, app_id: str) -> dict[str, Any]:
+        """Per model of the app: its feedback count, live accuracy and bandit weights."""
+        reply: dict[str, Any] = self._call("GET", "/v1/feedback/stats", params={"appID": app_id})
+        return reply
+
+    def selection(self, app_id: str, admin: bool = False) -> str:
+        """The app's selection policy: infaas, exp3 or exp4."""
+        return str(self._call("GET", f"/v1/apps/{app_id}/selection", admin=admin)["policy"])
+
+    def set_selection(self, app_id: str, policy: str, admin: bool = False) -> str:
+        """Answer the app's queries that name no model by ``policy`` (infaas, exp3 or exp4)."""
+        reply = self._call("PUT", f"/v1/apps/{app_id}/selection", admin=admin, json={"policy": policy})
+        return str(reply["policy"])
+
+    # --- pipelines (docs/PIPELINES.md) -----------------------------------------------------------
+    def register_pipeline(self, spec: dict[str, Any], app_id: str) -> dict[str, Any]:
+        """Register a pipeline (``spec``: name, stages, edges, latencySlo, accuracy) in the app."""
+        reply: dict[str, Any] = self._call("POST", "/v1/pipelines", json={**spec, "appID": app_id})
+        return reply
+
+    def pipelines(self, app_id: str) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/pipelines", params={"appID": app_id})["pipelines"])
+
+    def pipeline(self, name: str, app_id: str) -> dict[str, Any]:
+        reply: dict[str, Any] = self._call("GET", f"/v1/pipelines/{name}", params={"appID": app_id})
+        return reply
+
+    def delete_pipeline(self, name: str, app_id: str) -> None:
+        self._call("DELETE", f"/v1/pipelines/{name}", params={"appID": app_id})
+
+    def pipeline_plan(
+        self, name: str, app_id: str, qps: float, lambda_allowed: bool = False
+    ) -> dict[str, Any]:
+        """The planner's per-stage variant, batch size and instances for ``qps`` arrivals, and why."""
+        params = {"appID": app_id, "qps": qps, "lambdaAllowed": lambda_allowed}
+        reply: dict[str, Any] = self._call("GET", f"/v1/pipelines/{name}/plan", params=params)
+        return reply
+
+    def query_pipeline(self, name: str, inputs: Any, app_id: str) -> dict[str, Any]:
+        """One online query through the pipeline: the answer, each stage's variant, tier and
+        timings, and the end-to-end time against the SLO."""
+        body = {"appID": app_id, "inputs": _jsonable(inputs)}
+        reply: dict[str, Any] = self._call("POST", f"/v1/pipelines/{name}/query", json=body)
+        return reply
+
     def job(self, job_id: str) -> dict[str, Any]:
         reply: dict[str, Any] = self._call("GET", f"/v1/jobs/{job_id}")
         return reply
@@ -386,6 +449,15 @@ class Client:
         """Live worker state: with the app's key, the workers running its own instances (those
         only, without addresses); with the admin key (``admin=True``), every worker as it reports."""
         return list(self._call("GET", "/v1/workers", admin=admin)["workers"])
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The prediction cache (admin key): hits, misses, hitRate, entries, bytesUsed, maxBytes,
+        evictions (docs/QUERIES.md, "The prediction cache")."""
+        return dict(self._call("GET", "/v1/cache", admin=True))
+
+    def clear_cache(self) -> None:
+        """Empty the prediction cache and reset its counters (admin key)."""
+        self._call("DELETE", "/v1/cache", admin=True)
 
 
 def _worth_retrying(error: ModellessClientError) -> bool:

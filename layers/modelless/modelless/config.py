@@ -125,6 +125,17 @@ class Settings(_EnvSettings):
     # accuracy interval reaches within this of the model's reference (FP32) accuracy.
     accuracy_tolerance: float = Field(default=0.02, ge=0.0, le=1.0)
 
+    # --- the prediction cache (Clipper §4.2; docs/QUERIES.md) ----------------------------------
+    # Per (model, input row): a query whose every row is cached for one model is answered without
+    # selection or inference. Empty URL: follow the metadata store (redis:// -> the same Redis,
+    # shared by every gateway and offline runner; memory:// -> this process's memory).
+    prediction_cache_enabled: bool = True
+    prediction_cache_url: str = ""
+    # Keys and values together (not the backend's own overhead); least recently used go first.
+    prediction_cache_max_bytes: int = Field(default=64 * MiB, ge=0)
+    # One row's cached outputs at most (larger rows are computed every time, never cached).
+    prediction_cache_max_entry_bytes: int = Field(default=1 * MiB, ge=0)
+
     @property
     def register_body_limit(self) -> int:
         """A registration's body: ``max_register_body_bytes`` where set, else the model (its

@@ -110,6 +110,14 @@ class ServiceUnavailableError(ModellessError):
     retry_after_s = 1
 
 
+class PlannerUnavailableError(ModellessError):
+    """The pipeline planner cannot run in this process: its solver is not installed (the AWS
+    gateway's package leaves scipy out to keep its cold start short)."""
+
+    status_code = 501
+    code = "planner_unavailable"
+
+
 # --- The metadata store --------------------------------------------------------------------------
 
 

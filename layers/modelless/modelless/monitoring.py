@@ -51,6 +51,8 @@ class WorkerMonitor:
         self._in_flight: dict[str, int] = {}
         self._states: dict[str, InstanceState] = {}
         self._batch_limits: dict[str, int] = {}  # rows each instance's batcher takes per run now
+        # Each tuned instance's (intra, inter, concurrency, measured latency scale): modelless.tuning.
+        self._tuned: dict[str, tuple[int, int, int, float]] = {}
         # Instances being drained (an unload waiting for the queries they hold): no longer
         # reported, so that selection stops choosing them, but still holding their slot.
         self._draining: set[str] = set()
@@ -82,12 +84,20 @@ class WorkerMonitor:
             self._runs.pop(variant_id, None)
             self._states.pop(variant_id, None)
             self._batch_limits.pop(variant_id, None)
+            self._tuned.pop(variant_id, None)
 
     def batching(self, variant_id: str, batch_limit: int) -> None:
         """The rows the instance's batcher takes per run now: its saturation follows it."""
         with self._lock:
             if variant_id in self._runs:
                 self._batch_limits[variant_id] = max(1, batch_limit)
+
+    def tuned(self, variant_id: str, intra: int, inter: int, concurrency: int, latency_scale: float) -> None:
+        """The instance runs this parallelism configuration now, its runs ``latency_scale`` times
+        the profile's under it (0: not measured yet): reported so that the scaler plans with it."""
+        with self._lock:
+            if variant_id in self._runs:
+                self._tuned[variant_id] = (intra, inter, concurrency, latency_scale)
 
     @property
     def draining_ids(self) -> list[str]:
@@ -133,6 +143,7 @@ class WorkerMonitor:
                 p99 = _percentile(latencies, 0.99)
                 queued = self._in_flight.get(variant_id, 0)
                 batch_limit = self._batch_limits.get(variant_id, 1)
+                intra, inter, concurrency, latency_scale = self._tuned.get(variant_id, (0, 0, 0, 0.0))
                 state = next_state(
                     self._states.get(variant_id, InstanceState.ACTIVE),
                     busy_ms / (WINDOW_S * 1000),
@@ -152,6 +163,10 @@ class WorkerMonitor:
                         queue_length=queued,
                         utilisation=round(min(1.0, busy_ms / (WINDOW_S * 1000)), 4),
                         batch_limit=batch_limit,
+                        intra_threads=intra,
+                        inter_threads=inter,
+                        concurrency=concurrency,
+                        latency_scale=round(latency_scale, 4),
                     )
                 )
             loaded_count = len(self._runs) + len(self._draining)

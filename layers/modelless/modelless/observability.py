@@ -3,9 +3,13 @@ EMF metrics per variant (latency), cold starts and spills to the Lambda tier."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
+from modelless.cache.predictions import CachedPredictions
 from modelless.dispatch import QueryResult
 from modelless.types import Tier
 
@@ -23,6 +27,10 @@ def record_query(result: QueryResult) -> None:
     single.add_metric(
         name="SelectionLatency", unit=MetricUnit.Milliseconds, value=result.timings_ms["selection_ms"]
     )
+    if "cache_ms" in result.timings_ms:  # the prediction cache is on: hits and misses
+        single.add_metric(
+            name="CacheHits" if result.cached else "CacheMisses", unit=MetricUnit.Count, value=1
+        )
     if result.tier is Tier.LAMBDA:
         single.add_metric(name="LambdaTierQueries", unit=MetricUnit.Count, value=1)
     if result.cold_start:
@@ -36,6 +44,41 @@ def record_query(result: QueryResult) -> None:
             "variant": variant,
             "tier": result.tier.value,
             "worker": result.worker_id,
+            "cached": result.cached,
             "timings_ms": result.timings_ms,
         },
     )
+
+
+class CacheStatsReporter:
+    """The prediction cache's hit rate, size and evictions as EMF metrics, at most once per
+    ``period_s`` (read from the backend then: one round trip a minute, whatever the query rate)."""
+
+    def __init__(self, period_s: float = 60.0) -> None:
+        self._period_s = period_s
+        self._due = 0.0
+        self._lock = threading.Lock()
+
+    def maybe_report(self, predictions: CachedPredictions | None) -> None:
+        now = time.monotonic()
+        if predictions is None or now < self._due:
+            return
+        with self._lock:
+            if now < self._due:
+                return
+            self._due = now + self._period_s
+        try:
+            stats = predictions.stats()
+        except Exception:  # the cache's own outage: queries go on; the next period tries again
+            logger.debug("prediction cache stats not read")
+            return
+        emf = EphemeralMetrics(namespace="Modelless", service="gateway")
+        emf.add_dimension(name="cache", value=stats.backend)
+        emf.add_metric(name="CacheHitRate", unit=MetricUnit.Percent, value=round(100 * stats.hit_rate, 3))
+        emf.add_metric(name="CacheBytes", unit=MetricUnit.Bytes, value=stats.bytes_used)
+        emf.add_metric(name="CacheEntries", unit=MetricUnit.Count, value=stats.entries)
+        emf.add_metric(name="CacheEvictions", unit=MetricUnit.Count, value=stats.evictions)
+        emf.flush_metrics()
+
+
+cache_stats_reporter = CacheStatsReporter()

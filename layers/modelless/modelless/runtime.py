@@ -16,7 +16,7 @@ import io
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from modelless.archives import read_npy
 from modelless.exceptions import InvalidInputError
 from modelless.repository.base import ModelRepository, fetch_to_cache
 from modelless.tensors import to_feeds
+from modelless.tuning.base import ParallelConfig
 from modelless.types import VariantProfile
 from modelless.wire import binary_field
 
@@ -68,8 +69,10 @@ def invocation_payload(
     return payload
 
 
-def make_session(model_path: Path | str, threads: int) -> ort.InferenceSession:
-    """A CPU session for an artifact that was optimised offline at its variant's level.
+def make_session(model_path: Path | str, threads: int, inter_threads: int = 1) -> ort.InferenceSession:
+    """A CPU session for an artifact that was optimised offline at its variant's level, with
+    ``threads`` intra-op threads; ``inter_threads`` above 1 runs independent operators in
+    parallel (onnxruntime's parallel execution mode) on that many inter-op threads.
 
     Artifacts are saved already optimised, so the session must not optimise them again: that
     would erase the difference between optimisation levels that the variants stand for.
@@ -78,8 +81,10 @@ def make_session(model_path: Path | str, threads: int) -> ort.InferenceSession:
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = max(1, inter_threads)
+    options.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL if inter_threads > 1 else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
     return ort.InferenceSession(str(model_path), sess_options=options, providers=available_providers())
@@ -99,8 +104,28 @@ class LoadedVariant:
     variant: VariantProfile
     session: ort.InferenceSession
     input_names: list[str]  # the session's inputs, in order: what ``to_feeds`` splits a batch into
-    lock: threading.Lock  # one run at a time per instance: its threads are all it may use
+    # Runs at once on this instance: its configuration's concurrency (one by default: its threads
+    # are all it may use). An onnxruntime session may be run from several threads at once.
+    lock: threading.Semaphore
     load_ms: float
+    config: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+def default_config(variant: VariantProfile) -> ParallelConfig:
+    """How an instance runs until tuned: its profile's threads, sequentially, one run at a time
+    (what registration profiled it with)."""
+    return ParallelConfig(intra=max(1, variant.threads))
+
+
+def load_session(variant: VariantProfile, path: Path, config: ParallelConfig) -> LoadedVariant:
+    """A new instance of ``variant`` from its cached artifact, run with ``config``."""
+    started = time.perf_counter()
+    session = make_session(path, config.intra, config.inter)
+    load_ms = (time.perf_counter() - started) * 1000
+    input_names = [declared.name for declared in session.get_inputs()]
+    return LoadedVariant(
+        variant, session, input_names, threading.BoundedSemaphore(config.concurrency), load_ms, config
+    )
 
 
 def run_session(loaded: LoadedVariant, batch: np.ndarray) -> np.ndarray:
@@ -140,12 +165,32 @@ class VariantRuntime:
                 return found, 0.0
             started = time.perf_counter()
             path = fetch_to_cache(self._repository, variant.artifact_key, self._cache_dir)
-            session = make_session(path, variant.threads)
+            loaded = load_session(variant, path, default_config(variant))
             load_ms = (time.perf_counter() - started) * 1000
-            input_names = [declared.name for declared in session.get_inputs()]
-            loaded = LoadedVariant(variant, session, input_names, threading.Lock(), load_ms)
+            loaded.load_ms = load_ms
             self._loaded[variant.variant_id] = loaded
             return loaded, load_ms
+
+    def current(self, variant_id: str) -> LoadedVariant | None:
+        """The loaded instance of ``variant_id`` now (None when not loaded)."""
+        return self._loaded.get(variant_id)
+
+    def build(self, current: LoadedVariant, config: ParallelConfig) -> LoadedVariant:
+        """A new session of ``current``'s variant run with ``config``, beside the one in use (which
+        serves meanwhile): ``swap`` puts it in its place."""
+        variant = current.variant
+        path = fetch_to_cache(self._repository, variant.artifact_key, self._cache_dir)
+        return load_session(variant, path, config)
+
+    def swap(self, current: LoadedVariant, fresh: LoadedVariant) -> bool:
+        """Put ``fresh`` in the place of ``current``; False when ``current`` is no longer the
+        loaded instance (unloaded or replaced meanwhile). The old session stays usable by whoever
+        holds it: runs in flight on it finish there, and it is freed with its last reference."""
+        with self._load_lock:
+            if self._loaded.get(current.variant.variant_id) is not current:
+                return False
+            self._loaded[current.variant.variant_id] = fresh
+        return True
 
     def unload(self, variant_id: str) -> bool:
         return self._loaded.pop(variant_id, None) is not None

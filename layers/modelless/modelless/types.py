@@ -13,10 +13,12 @@ from typing import Any
 
 
 class Tier(StrEnum):
-    """Where a query ran: a provisioned worker of a pool, or the burst-absorbing Lambda tier."""
+    """Where a query ran: a provisioned worker of a pool, or the burst-absorbing Lambda tier; or
+    nowhere, answered from the prediction cache (a query's tier only, never a decision's)."""
 
     WORKER = "worker"
     LAMBDA = "lambda"
+    CACHE = "cache"
 
 
 class InstanceState(StrEnum):
@@ -203,6 +205,13 @@ class InstanceStats:
     queue_length: int
     utilisation: float = 0.0  # share of the window this instance spent running inference
     batch_limit: int = 1  # rows its batcher takes per run now (AIMD within its budget cap); 1: none
+    # The parallelism configuration the worker's tuner runs it with (modelless.tuning; 0: not
+    # tuned) and its measured run time over the profile's under it (0: not measured yet): what
+    # the scaler plans the variant's capacity with (modelless.tuning.capacity).
+    intra_threads: int = 0
+    inter_threads: int = 0
+    concurrency: int = 0
+    latency_scale: float = 0.0
 
 
 @dataclass(frozen=True)

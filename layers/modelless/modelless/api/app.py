@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from modelless import __version__
 from modelless.api.limits import ASGIApp, BodyLimitMiddleware, Message, Receive, Scope, Send
-from modelless.api.routers import apps, models, offline, operations, queries
+from modelless.api.routers import apps, feedback, models, offline, operations, pipelines, queries
 from modelless.api.services import Services
 from modelless.exceptions import ModellessError, ServiceUnavailableError, StoreUnavailableError, first_line
 from modelless.metadata.redis import UNREACHABLE_ERRORS
@@ -50,7 +50,15 @@ def create_app(services: Services) -> FastAPI:
         lifespan=_lifespan,
     )
     app.state.services = services
-    for router in (apps.router, models.router, queries.router, offline.router, operations.router):
+    for router in (
+        apps.router,
+        models.router,
+        queries.router,
+        feedback.router,
+        pipelines.router,
+        offline.router,
+        operations.router,
+    ):
         app.include_router(router)
 
     app.add_middleware(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -72,6 +72,15 @@ class OnlineQuery(BaseModel):
     modelName: str | None = Field(default=None, description="name the model instead of targets")
 
 
+class EnsembleReply(BaseModel):
+    """An Exp4 ensemble's part in a reply (docs/QUERIES.md, "Selection from feedback")."""
+
+    members: list[str] = Field(description="the models whose answers were combined")
+    missing: list[str] = Field(description="members with no answer by the query's deadline (late or failed)")
+    weights: dict[str, float] = Field(description="each answering member's share of the vote")
+    confidence: list[float] = Field(description="per row, the vote share of the winning class")
+
+
 class QueryReply(BaseModel):
     queryId: str
     outputs: list[list[float]]
@@ -83,11 +92,23 @@ class QueryReply(BaseModel):
     variantState: str
     coldStart: bool
     retried: bool
+    cached: bool = Field(
+        default=False,
+        description='answered from the prediction cache (tier "cache"): no selection, no inference; '
+        "variant names the variant that computed it (docs/QUERIES.md)",
+    )
     reason: str
     expectedLatencyMs: float
     timingsMs: dict[str, float] = Field(
         description="the server's time per stage, in ms: decode_ms (reading and decoding the body), "
-        "selection_ms, queue_ms, load_ms, cold_start_ms, inference_ms, transport_ms and total_ms"
+        "cache_ms (the prediction cache's lookup), selection_ms, queue_ms, load_ms, cold_start_ms, "
+        "inference_ms, transport_ms and total_ms; a cache hit's skipped stages are 0"
+    )
+    policy: str = Field(
+        default="infaas", description="the app's selection policy that answered: infaas, exp3 or exp4"
+    )
+    ensemble: EnsembleReply | None = Field(
+        default=None, description="exp4 only: the members asked, and how their answers were combined"
     )
 
 
@@ -194,3 +215,71 @@ class JobReply(BaseModel):
 class OfflineBuckets(BaseModel):
     model_config = ConfigDict(extra="forbid")
     buckets: list[str] = Field(description="S3 buckets the app's offline jobs may read and write")
+
+
+# --- feedback and selection from it (Clipper §5; docs/QUERIES.md) -------------------------------
+SelectionPolicy = Literal["infaas", "exp3", "exp4"]
+
+
+class Feedback(BaseModel):
+    """The truth about an answered query: its label (one for every row, or one per row), or a
+    reward in [0, 1] for the reply as a whole."""
+
+    model_config = ConfigDict(extra="forbid")
+    appID: str
+    queryId: str = Field(min_length=1, max_length=200, description="the queryId of the query's reply")
+    label: (
+        Annotated[int, Field(strict=True, ge=0)] | list[Annotated[int, Field(strict=True, ge=0)]] | None
+    ) = Field(default=None, description="the true class, or one per row of the query's batch")
+    reward: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1)] | None = Field(
+        default=None, description="how good the reply was, in [0, 1] (instead of a label)"
+    )
+
+
+class FeedbackReply(BaseModel):
+    queryId: str
+    appID: str
+    policy: str = Field(description="the policy that answered the query (the one that learns from it)")
+    rewards: dict[str, float] = Field(description="per model that answered, the reward it was counted with")
+    duplicate: bool = Field(description="this feedback was given before: nothing changed")
+
+
+class SetSelection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: SelectionPolicy
+
+
+class SelectionReply(BaseModel):
+    appID: str
+    policy: str
+
+
+class ModelFeedback(BaseModel):
+    model: str
+    feedbacks: int
+    accuracy: float | None = Field(description="mean reward over every feedback")
+    recentAccuracy: float | None = Field(description="mean reward over the recent feedbacks")
+    recentFeedbacks: int
+    exp3Weight: float = Field(description="the model's share of the Exp3 weights")
+    exp4Weight: float = Field(description="the model's share of the Exp4 weights")
+
+
+class FeedbackStats(BaseModel):
+    appID: str
+    policy: str
+    models: list[ModelFeedback]
+
+
+class CacheStatsReply(BaseModel):
+    """The prediction cache's state (``GET /v1/cache``): shared by every gateway and offline
+    runner of a Redis-backed deployment, so these are the deployment's numbers."""
+
+    enabled: bool
+    backend: str | None = Field(description="memory or redis; None when the cache is off")
+    hits: int = Field(description="lookups (queries, offline inputs) answered whole from the cache")
+    misses: int = Field(description="lookups that ran inference")
+    hitRate: float = Field(description="hits / (hits + misses); 0 before any lookup")
+    entries: int = Field(description="cached rows")
+    bytesUsed: int = Field(description="keys and values held, as the budget counts them")
+    maxBytes: int = Field(description="MODELLESS_PREDICTION_CACHE_MAX_BYTES")
+    evictions: int = Field(description="entries dropped, least recently used first, to stay within maxBytes")

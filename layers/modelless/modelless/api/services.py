@@ -6,10 +6,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from modelless.auth import ApiKeys
+from modelless.cache import open_cached_predictions
 from modelless.config import Settings, get_settings
 from modelless.dispatch import Dispatcher
+from modelless.feedback.service import FeedbackService
+from modelless.feedback.store import feedback_store_for
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.offline.service import OfflineService
+from modelless.pipelines.service import PipelineService
+from modelless.pipelines.store import pipeline_store_for
 from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.pools.invokers import AwsLambdaInvoker, HttpWorkerInvoker, LambdaInvoker
 from modelless.registration import LambdaRegistrationLauncher, RegistrationService
@@ -28,14 +33,24 @@ class Services:
     pools: Mapping[str, PoolSpec]
     offline: OfflineService | None = None  # offline jobs (DESIGN §6)
     keys: ApiKeys = field(init=False)  # callers' API keys, looked up in the store
+    feedback: FeedbackService = field(init=False)  # apps' selection policies, and their feedback
+    pipelines: PipelineService = field(init=False)  # apps' pipelines of models (InferLine)
 
     def __post_init__(self) -> None:
         self.keys = ApiKeys(self.store, self.settings.stale_cache_max_age_s, self.settings.metadata_epoch)
+        self.feedback = FeedbackService(feedback_store_for(self.store), self.dispatcher)
+        self.pipelines = PipelineService(
+            pipeline_store_for(self.store), self.store, self.dispatcher, self.settings.max_batch, self.pools
+        )
 
     def close(self) -> None:
+        self.feedback.close()
+        self.pipelines.close()
         if self.offline is not None:
             self.offline.close()
         self.registrar.close()
+        if self.dispatcher.cache is not None:
+            self.dispatcher.cache.predictions.close()
         self.store.close()
 
 
@@ -59,6 +74,9 @@ def build_services(
         cache_ttl_s=settings.profile_cache_ttl_s,
         extra_workers=extra_workers,
         stale_max_age_s=settings.stale_cache_max_age_s,
+        # One cache for online queries and this process's offline runners (child-process runners
+        # open the same one: Redis, from the same settings).
+        predictions=open_cached_predictions(settings),
     )
     # In AWS the registrar function generates and profiles variants; else a thread of this process.
     launcher = (
@@ -66,5 +84,11 @@ def build_services(
     )
     registrar = RegistrationService(store, repository, settings, pools, launcher)
     # Offline jobs see the workers as selection does (this dispatcher's recent loads included).
-    offline = OfflineService.from_settings(settings, store, pools, dispatcher.live_view.live_workers)
+    offline = OfflineService.from_settings(
+        settings,
+        store,
+        pools,
+        dispatcher.live_view.live_workers,
+        predictions=None if dispatcher.cache is None else dispatcher.cache.predictions,
+    )
     return Services(settings, store, repository, dispatcher, registrar, pools, offline)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -52,6 +53,8 @@ class ProfileCache:
         self._by_target: dict[tuple[str, str | None, float], _CacheEntry] = {}
         self._by_app: dict[str, _CacheEntry] = {}  # app -> all its profiles, parsed once
         self._contracts: dict[tuple[str, str | None], tuple[float, ModelRecord]] = {}  # (read at, model)
+        # app -> (profiles version, read at, its models by name)
+        self._models: dict[str, tuple[int, float, Mapping[str, ModelRecord]]] = {}
         self._lock = threading.Lock()  # over evictions (queries read from several threads)
 
     def candidates(self, targets: QueryTargets, version: int) -> Candidates:
@@ -66,9 +69,7 @@ class ProfileCache:
             # (parsing per target would multiply the objects the garbage collector walks), and
             # its tables are cut from the app's, already in order.
             app_profiles = self._app_profiles(targets.app_id, version, now)
-            entry = _CacheEntry(
-                version, now, app_profiles.subset(targets.min_accuracy, targets.model_name)
-            )
+            entry = _CacheEntry(version, now, app_profiles.subset(targets.min_accuracy, targets.model_name))
             if len(self._by_target) >= MAX_CACHED_TARGETS:
                 self._by_target.clear()
             self._by_target[key] = entry
@@ -86,6 +87,23 @@ class ProfileCache:
             entry = _CacheEntry(version, now, Candidates(profiles))
             self._remember(self._by_app, app_id, entry)
         return entry.variants
+
+    def models(self, app_id: str, version: int) -> Mapping[str, ModelRecord]:
+        """The app's models by name, read once per profiles version (deleting a model bumps the
+        version, and so does publishing a registration's variants): what the prediction cache
+        keys a model's entries by (its registration id) is never older than the profiles."""
+        now = time.monotonic()
+        cached = self._models.get(app_id)
+        if cached is None or cached[0] != version or cached[1] + self._ttl_s < now:
+            try:
+                records = {m.model_name: m for m in self._store.list_models(app_id)}
+            except StoreUnavailableError:
+                if cached is None or now - cached[1] > self._stale_max_age_s:
+                    raise
+                return cached[2]
+            cached = (version, now, records)
+            self._remember(self._models, app_id, cached)
+        return cached[2]
 
     def input_contract(self, app_id: str, model_name: str | None) -> ModelRecord:
         """The input shape the query must have: the named model's, or the app's (an app's models
@@ -123,6 +141,7 @@ class ProfileCache:
         self._by_target.clear()
         self._by_app.clear()
         self._contracts.clear()
+        self._models.clear()
 
     def _remember(self, cache: dict[K, V], key: K, value: V) -> None:
         """Store ``value`` as the most recent entry; the least recent go beyond MAX_CACHED_APPS."""

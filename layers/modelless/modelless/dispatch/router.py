@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 from aws_lambda_powertools import Logger
 
+from modelless.cache.predictions import CachedPredictions
 from modelless.config import STALE_CACHE_MAX_AGE_S
 from modelless.dispatch.attempts import MAX_INVOKE_TIMEOUT_S, Attempts
+from modelless.dispatch.cached import Answered, Pending, QueryCache
 from modelless.dispatch.live_view import LIVE_STATE_TTL_S, LiveView
 from modelless.dispatch.profiles import ProfileCache
 from modelless.exceptions import NotFoundError, NotReadyError, StoreUnavailableError, TargetsUnreachableError
@@ -35,9 +37,12 @@ from modelless.selection import (
     unreachable_error,
 )
 from modelless.tensors import from_feeds
-from modelless.types import Decision, QueryTargets, Tier, WorkerState
+from modelless.types import Decision, InstanceState, QueryTargets, Tier, WorkerState
 
 logger = Logger(service="gateway", child=True)
+
+# The stages a cache hit skips: reported as 0 ms, so that every reply has the same timings.
+CACHE_HIT_SKIPPED = ("selection_ms", "queue_ms", "load_ms", "cold_start_ms", "inference_ms", "transport_ms")
 
 
 @dataclass
@@ -50,6 +55,7 @@ class QueryResult:
     cold_start: bool
     retried: bool
     query_id: str
+    cached: bool = False  # answered from the prediction cache: no selection, no inference
 
 
 class Dispatcher:
@@ -64,6 +70,7 @@ class Dispatcher:
         live_state_ttl_s: float = LIVE_STATE_TTL_S,
         lambda_state: Callable[[], LambdaTierState] | None = None,
         stale_max_age_s: float = STALE_CACHE_MAX_AGE_S,
+        predictions: CachedPredictions | None = None,
     ) -> None:
         """``lambda_state``: the Lambda tier's idle containers and expected cold start, read on
         every decision; by default the tier's own ``tier_state`` where it has one (the local
@@ -71,7 +78,8 @@ class Dispatcher:
         warm, which provisioned concurrency makes true. ``extra_workers``: state not kept in the
         store, e.g. the local Lambda tier's warm containers. ``stale_max_age_s``: how long after
         a good read the profiles and the live state may answer for the store while it is
-        unreachable (``Settings.stale_cache_max_age_s``)."""
+        unreachable (``Settings.stale_cache_max_age_s``). ``predictions``: the prediction cache
+        queries are looked up in before selection (``dispatch.cached``); None: no cache."""
         self._store = store
         self._policy = policy
         self._has_lambda_tier = lambda_tier is not None
@@ -81,6 +89,7 @@ class Dispatcher:
         self.profiles = ProfileCache(store, cache_ttl_s, stale_max_age_s)
         self.live_view = LiveView(store, live_state_ttl_s, extra_workers, stale_max_age_s)
         self.attempts = Attempts(workers, lambda_tier, self.live_view, self._redecide)
+        self.cache = None if predictions is None else QueryCache(predictions, self.profiles, self.live_view)
         self._query_load = QueryLoadCounter()
         self._warming: set[str] = set()
         self._background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="warmup")
@@ -200,8 +209,14 @@ class Dispatcher:
         spent reading and decoding the query's body into ``inputs``, reported as ``decode_ms``;
         ``total_ms`` covers the query from ``received`` to its answer."""
         query_id = correlation_id or uuid.uuid4().hex
+        looking = time.perf_counter()
+        started = looking if received is None else received
+        # The prediction cache first (Clipper §4.2): a hit skips selection and inference.
+        cached = None if self.cache is None else self.cache.look_up(targets, inputs)
         selecting = time.perf_counter()
-        started = selecting if received is None else received
+        cache_ms = {} if self.cache is None else {"cache_ms": (selecting - looking) * 1000}
+        if isinstance(cached, Answered):
+            return self._cached_result(cached, query_id, cache_ms["cache_ms"], started, decode_ms, received)
         decision = self.select(targets)
         selected = time.perf_counter()
         self._count_query(targets)
@@ -213,7 +228,11 @@ class Dispatcher:
             + float(body["load_ms"])
             + float(body.get("init_ms", 0.0))
         )
+        outputs = outputs_of(body)
+        if self.cache is not None and isinstance(cached, Pending):
+            self.cache.remember(cached, served.variant, outputs)
         timings = {
+            **cache_ms,
             "selection_ms": (selected - selecting) * 1000,
             "queue_ms": float(body["queue_ms"]),
             "load_ms": float(body["load_ms"]),
@@ -227,7 +246,7 @@ class Dispatcher:
             if received is None:  # the caller decoded before our clock started: count it too
                 timings["total_ms"] += decode_ms
         return QueryResult(
-            outputs=outputs_of(body),
+            outputs=outputs,
             decision=served,
             tier=served.tier,
             worker_id=served.worker_id if served.tier is Tier.WORKER else None,
@@ -235,6 +254,47 @@ class Dispatcher:
             cold_start=bool(body.get("cold_start", False)),
             retried=served is not decision,
             query_id=query_id,
+        )
+
+    def _cached_result(
+        self,
+        cached: Answered,
+        query_id: str,
+        cache_ms: float,
+        started: float,
+        decode_ms: float | None,
+        received: float | None,
+    ) -> QueryResult:
+        """A query answered from the cache: its stages other than the lookup took no time. Not
+        counted in the query load: it needs no capacity."""
+        timings = {
+            "cache_ms": cache_ms,
+            **dict.fromkeys(CACHE_HIT_SKIPPED, 0.0),
+            "total_ms": (time.perf_counter() - started) * 1000,
+        }
+        if decode_ms is not None:
+            timings = {"decode_ms": decode_ms, **timings}
+            if received is None:
+                timings["total_ms"] += decode_ms
+        computed_by = ", ".join(dict.fromkeys(cached.hit.variant_ids))
+        decision = Decision(
+            variant=cached.variant,
+            tier=Tier.CACHE,
+            worker_id=None,
+            state=InstanceState.ACTIVE,
+            expected_latency_ms=0.0,
+            reason=f"answered from the prediction cache (computed by {computed_by})",
+        )
+        return QueryResult(
+            outputs=cached.hit.outputs,
+            decision=decision,
+            tier=Tier.CACHE,
+            worker_id=None,
+            timings_ms={k: round(v, 3) for k, v in timings.items()},
+            cold_start=False,
+            retried=False,
+            query_id=query_id,
+            cached=True,
         )
 
     def _count_query(self, targets: QueryTargets) -> None:

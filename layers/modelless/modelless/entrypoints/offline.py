@@ -30,6 +30,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAlreadyInProgressError
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from modelless.cache import open_cached_predictions
 from modelless.config import Settings
 from modelless.metadata import open_metadata_store
 from modelless.offline.events import S3JobStarter, idempotency_layer, idempotent_start, s3_records
@@ -55,7 +56,10 @@ class OfflineFunction:
         # invocation.
         self.settings = settings.offline_function_or_own()
         self.store = open_metadata_store(self.settings.metadata_url)
-        self.service = OfflineService.from_settings(self.settings, self.store, DEFAULT_POOLS)
+        # The prediction cache the gateways use (Redis): jobs answer cached inputs and cache theirs.
+        self.service = OfflineService.from_settings(
+            self.settings, self.store, DEFAULT_POOLS, predictions=open_cached_predictions(self.settings)
+        )
         # S3 events start jobs; this invocation runs them itself (no launch), with its remaining time.
         self.starter = S3JobStarter(self.service, launch=False)
         persistence, idempotency_prefix = idempotency_layer(self.settings.metadata_url)

@@ -107,5 +107,57 @@ class KeySpace:
         """Prefix of Powertools' idempotency records for one handler."""
         return f"{self.prefix}idempotency:{name}"
 
+    # --- the prediction cache (modelless.cache.redis) -----------------------------------------
+    def prediction(self, entry: str) -> str:
+        """String: one cached row's outputs (``modelless.cache.base.entry_key`` names ``entry``)."""
+        return f"{self.prefix}prediction:{entry}"
+
+    def prediction_lru(self) -> str:
+        """Sorted set: cached entry keys scored by their last use (``prediction_clock``)."""
+        return f"{self.prefix}prediction-lru"
+
+    def prediction_clock(self) -> str:
+        """Counter: the prediction cache's logical clock, one tick per use (no wall clock to skew)."""
+        return f"{self.prefix}prediction-clock"
+
+    def prediction_stats(self) -> str:
+        """Hash: the prediction cache's counters (bytes held, hits, misses, evictions)."""
+        return f"{self.prefix}prediction-stats"
+
     def pattern(self) -> str:
         return f"{self.prefix}*"
+
+    # --- feedback and selection from it (modelless.feedback.redis) ------------------------------
+    def feedback_selection(self, app_id: str) -> str:
+        """String: the app's selection policy (infaas, exp3, exp4); absent: infaas."""
+        return f"{self.prefix}feedback-selection:{app_id}"
+
+    def feedback_weights(self, app_id: str, policy: str) -> str:
+        """Hash: model -> its log-weight under one bandit policy of the app."""
+        return f"{self.prefix}feedback-weights:{app_id}:{policy}"
+
+    def feedback_query(self, app_id: str, query_id: str) -> str:
+        """String with a TTL: what each model answered to one query (``QueryRecord``)."""
+        return f"{self.prefix}feedback-query:{app_id}:{query_id}"
+
+    def feedback_given(self, app_id: str, query_id: str) -> str:
+        """String with a TTL: the feedback given for one query (the first; repeats compare to it)."""
+        return f"{self.prefix}feedback-given:{app_id}:{query_id}"
+
+    def feedback_outcomes(self, app_id: str) -> str:
+        """Hash: '<model>:count' and '<model>:reward' -> the model's feedbacks and their sum."""
+        return f"{self.prefix}feedback-outcomes:{app_id}"
+
+    def feedback_recent(self, app_id: str, model_name: str) -> str:
+        """List: the model's recent rewards, newest first, capped."""
+        return f"{self.prefix}feedback-recent:{app_id}:{model_name}"
+
+    # --- pipelines (modelless.pipelines.redis) ------------------------------------------------
+    def pipelines(self, app_id: str) -> str:
+        """Hash: pipeline name -> its spec's JSON."""
+        return f"{self.prefix}pipelines:{app_id}"
+
+    def pipeline_branches(self, app_id: str, pipeline: str) -> str:
+        """Hash: '<edge>:seen' and '<edge>:taken' -> how often the edge's source ran, and how often
+        the edge was then taken (its measured branch probability)."""
+        return f"{self.prefix}pipeline-branches:{app_id}:{pipeline}"

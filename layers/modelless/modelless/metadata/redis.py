@@ -133,6 +133,30 @@ def _translated(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def connect(url: str) -> tuple[redis.Redis, KeySpace]:  # type: ignore[type-arg]
+    """A client for ``redis://host:port/db?prefix=name:`` (or ``unix:///path.sock?db=0&prefix=
+    name:``) and the key space its prefix names, with the store's timeouts
+    (``Settings.metadata_timeout_s``/``metadata_connect_timeout_s``; ``socket_timeout``/
+    ``socket_connect_timeout`` in the URL win). Shared with the prediction cache."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    prefix = query.pop("prefix", ["modelless:"])[0]
+    remaining = "&".join(f"{k}={v[0]}" for k, v in query.items())
+    # Not urlunsplit: it writes unix:///path.sock (no host) as unix:/path.sock.
+    client_url = f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{remaining}" if remaining else "")
+    settings = get_settings()
+    client = redis.Redis.from_url(
+        client_url,
+        socket_timeout=settings.metadata_timeout_s,
+        socket_connect_timeout=settings.metadata_connect_timeout_s,
+        # One immediate retry on a broken connection (a pooled one that a restarted Redis
+        # dropped reconnects); none on a timeout (redis-py's default retries three times with
+        # backoff, which made a stopped Redis cost four timeouts per call).
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+    )
+    return client, KeySpace(prefix)
+
+
 @_translating_outages
 class RedisMetadataStore:
     kind: ClassVar[str] = "redis"
@@ -155,23 +179,8 @@ class RedisMetadataStore:
         the prefix namespaces every key. Timeouts: ``Settings.metadata_timeout_s`` and
         ``metadata_connect_timeout_s`` (``socket_timeout``/``socket_connect_timeout`` in the URL
         win)."""
-        parts = urlsplit(url)
-        query = parse_qs(parts.query)
-        prefix = query.pop("prefix", ["modelless:"])[0]
-        remaining = "&".join(f"{k}={v[0]}" for k, v in query.items())
-        # Not urlunsplit: it writes unix:///path.sock (no host) as unix:/path.sock.
-        client_url = f"{parts.scheme}://{parts.netloc}{parts.path}" + (f"?{remaining}" if remaining else "")
-        settings = get_settings()
-        client = redis.Redis.from_url(
-            client_url,
-            socket_timeout=settings.metadata_timeout_s,
-            socket_connect_timeout=settings.metadata_connect_timeout_s,
-            # One immediate retry on a broken connection (a pooled one that a restarted Redis
-            # dropped reconnects); none on a timeout (redis-py's default retries three times with
-            # backoff, which made a stopped Redis cost four timeouts per call).
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-        )
-        return cls(client, KeySpace(prefix))
+        client, keys = connect(url)
+        return cls(client, keys)
 
     # --- the store itself -----------------------------------------------------------------------
     def ping(self) -> None:

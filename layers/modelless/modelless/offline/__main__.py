@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 
+from modelless.cache import open_cached_predictions
 from modelless.config import get_settings
 from modelless.metadata import open_metadata_store
 from modelless.offline.service import OfflineService
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     store = open_metadata_store(settings.metadata_url)
-    service = OfflineService.from_settings(settings, store, DEFAULT_POOLS)
+    # The prediction cache online queries use (with Redis: the gateway's own, shared).
+    predictions = open_cached_predictions(settings)
+    service = OfflineService.from_settings(settings, store, DEFAULT_POOLS, predictions=predictions)
     try:
         job_ids = [args.job_id] if args.command == "run" else service.resumable()
         deadline = time.time() + args.for_seconds if getattr(args, "for_seconds", None) else None
@@ -62,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
             staging.replace(args.report_file)
     finally:
         service.close()
+        if predictions is not None:
+            predictions.close()
         store.close()
 
 

@@ -48,12 +48,14 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
+from modelless.cache.predictions import CachedPredictions
 from modelless.exceptions import ModellessError, NotFoundError, OfflineInputError, S3AccessDeniedError
 from modelless.metadata.base import JobSave, OfflineJobStore
 from modelless.offline.compute import Compute, Paused, batch_rows
 from modelless.offline.decoding import decode_input
 from modelless.offline.jobs import RESULT_SUFFIX, S3Path, is_input, is_watch_source, output_key, summary_key
 from modelless.offline.objects import ObjectStore
+from modelless.selection import Candidates
 from modelless.types import Decision, JobStatus, ModelRecord, OfflineJob, VariantProfile
 
 logger = Logger(service="offline", child=True)
@@ -136,6 +138,7 @@ class _BatchRefused(Exception):
 class _Decoded:
     key: str
     rows: np.ndarray
+    cached_by: str | None = None  # answered from the prediction cache: the variant that computed it
 
 
 @dataclass
@@ -152,6 +155,7 @@ class _RunState:
     active_since: float = 0.0
     paused_since: float | None = None
     recent: list[str] = field(default_factory=list)
+    cache_admits: frozenset[str] | None = None  # variants whose cached answers the job may take
 
 
 @dataclass
@@ -179,8 +183,12 @@ class JobRunner:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         owner: str | None = None,
+        predictions: CachedPredictions | None = None,
     ) -> None:
+        """``predictions``: the prediction cache online queries share (None: none): inputs whose
+        rows are cached are not run, and what runs is cached (``_infer_cached``)."""
         self._store = store
+        self._predictions = predictions
         self._objects = objects
         self._compute = compute
         self._config = config or RunnerConfig()
@@ -318,7 +326,7 @@ class JobRunner:
                 outcomes[key] = ("", result)
             else:
                 decoded.append(_Decoded(key, result))
-        outputs = self._infer(state, decoded)
+        outputs = self._infer_cached(state, decoded)
         writes = [(item, out) for item, out in zip(decoded, outputs, strict=True) if not isinstance(out, str)]
         for item, out in zip(decoded, outputs, strict=True):
             if isinstance(out, str):
@@ -346,6 +354,48 @@ class JobRunner:
             return decode_input(key, data, state.model, self._config.max_rows_per_input)
         except OfflineInputError as error:
             return str(error)
+
+    def _infer_cached(self, state: _RunState, decoded: list[_Decoded]) -> list[np.ndarray | str]:
+        """``_infer``, with the prediction cache online queries share: an input whose every row
+        is cached for the job's model, by a variant the job's targets admit (as selection would
+        for an online query with them), is answered from it; the rest run, and their rows are
+        cached under the model's generation (its registration id as this run read it)."""
+        cache = self._predictions
+        if cache is None or not decoded:
+            return self._infer(state, decoded)
+        job, model = state.job, state.model
+        if state.cache_admits is None:
+            admitted = Candidates(self._variants(job.app_id)).subset(job.min_accuracy, job.model_name)
+            state.cache_admits = frozenset(v.variant_id for v in admitted)
+        generations = {model.model_name: model.registration_id}
+        digests = [cache.digests(item.rows) for item in decoded]
+        hits = cache.find_each(job.app_id, generations, digests, state.cache_admits.__contains__)
+        missed = [index for index, hit in enumerate(hits) if hit is None]
+        ran = iter(self._infer(state, [decoded[index] for index in missed]))
+        results: list[np.ndarray | str] = []
+        computed: list[np.ndarray] = []
+        computed_digests: list[str] = []
+        for item, hit, item_digests in zip(decoded, hits, digests, strict=True):
+            if hit is not None:
+                item.cached_by = hit.variant_ids[0]
+                results.append(hit.outputs)
+                continue
+            out = next(ran)
+            results.append(out)
+            if not isinstance(out, str):
+                computed.append(out)
+                computed_digests.extend(item_digests)
+        if computed:
+            cache.remember(
+                job.app_id,
+                model.model_name,
+                model.registration_id,
+                computed_digests,
+                np.concatenate(computed),
+                state.variant.variant_id,
+            )
+        cache.count(hits=len(decoded) - len(missed), misses=len(missed))
+        return results
 
     def _infer(self, state: _RunState, decoded: list[_Decoded]) -> list[np.ndarray | str]:
         """Each input's output rows (or why the worker refused it): the group's rows run in
@@ -434,7 +484,8 @@ class JobRunner:
             "input": state.input_path.url_of(item.key),
             "job": job.job_id,
             "model": state.variant.model_name,
-            "variant": state.variant.variant_id,
+            "variant": item.cached_by or state.variant.variant_id,
+            "cached": item.cached_by is not None,
             "predictions": np.argmax(values, axis=1).astype(int).tolist(),
             "outputs": values.round(6).tolist(),
         }

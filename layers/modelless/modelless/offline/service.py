@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from aws_lambda_powertools import Logger
 
+from modelless.cache.predictions import CachedPredictions
 from modelless.config import Settings
 from modelless.exceptions import ForbiddenError, InvalidJobError, NotFoundError, S3AccessDeniedError
 from modelless.metadata.base import MetadataStore, open_metadata_store
@@ -490,6 +491,8 @@ class OfflineService:
     launcher: JobLauncher | None = None
     clock: Callable[[], float] = time.time
     watches: list[Watch] = field(default_factory=list)
+    # The prediction cache online queries share (None: none; modelless.cache).
+    predictions: CachedPredictions | None = None
     _objects: ObjectStore | None = field(default=None, init=False)
     _invoker: HttpWorkerInvoker | None = field(default=None, init=False)
 
@@ -501,7 +504,11 @@ class OfflineService:
         pools: Mapping[str, PoolSpec],
         live_workers: Callable[[], Sequence[WorkerState]] | None = None,
         objects_factory: Callable[[], ObjectStore] = S3ObjectStore,
+        predictions: CachedPredictions | None = None,
     ) -> OfflineService:
+        """``predictions``: the prediction cache the gateway's queries use, shared with the jobs
+        its threads run (a runner process of its own opens the one its settings configure:
+        with Redis, the same cache)."""
         service = cls(
             store,
             settings,
@@ -509,6 +516,7 @@ class OfflineService:
             live_workers or (lambda: store.list_workers()),
             objects_factory,
             watches=Watch.parse_all(settings.offline_watches),
+            predictions=predictions,
         )
         if settings.offline_function:
             service.launcher = LambdaLauncher(settings.offline_function)
@@ -770,6 +778,7 @@ class OfflineService:
             models=self.store.get_model,
             clock=self.clock,
             owner=owner,
+            predictions=self.predictions,
         )
 
     def run(self, job_id: str, deadline: float | None = None, owner: str | None = None) -> RunReport:

@@ -36,6 +36,7 @@ from modelless.scaling.problem import (
     pool_from_spec,
     variant_from_profile,
 )
+from modelless.tuning.capacity import reported_tuning, tuned_profile
 from modelless.types import VariantProfile
 
 Solver = Callable[[ScalingProblem, float], ScalingPlan]
@@ -167,7 +168,11 @@ class Scaler:
         running: dict[str, int] = defaultdict(int)
         running_in: dict[str, dict[str, int]] = defaultdict(dict)  # pool -> variant -> instances
         ready: dict[str, int] = defaultdict(int)  # pool -> workers that report: running
-        for worker in self._store.list_workers():
+        workers = self._store.list_workers()
+        # What the workers' tuners reached (modelless.tuning): a tuned variant is planned with its
+        # measured capacity under its configuration, not the registration-time profile.
+        tuned = reported_tuning(workers)
+        for worker in workers:
             ready[worker.pool] += 1
             for instance in worker.instances:
                 running[instance.variant_id] += 1
@@ -191,6 +196,8 @@ class Scaler:
         eligible: dict[str, tuple[VariantProfile, list[ScalingGroup]]] = {}
         for key, (_, candidates) in groups.items():
             for profile in candidates:
+                if profile.variant_id in tuned:
+                    profile = tuned_profile(profile, tuned[profile.variant_id])
                 if profile.pool in managed:
                     eligible.setdefault(profile.variant_id, (profile, []))[1].append(by_id[key])
         variants: list[ScalingVariant] = []
@@ -198,6 +205,12 @@ class Scaler:
             variant = variant_from_profile(
                 profile, managed[profile.pool], its_groups, running=running.get(profile.variant_id, 0)
             )
+            if profile.variant_id in tuned:
+                # Its configuration runs this many batches at once, each as slow as measured.
+                concurrency = tuned[profile.variant_id].config.concurrency
+                variant = replace(
+                    variant, saturation_qps={g: q * concurrency for g, q in variant.saturation_qps.items()}
+                )
             if variant.saturation_qps:
                 variants.append(variant)
         pools = []

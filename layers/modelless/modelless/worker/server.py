@@ -20,6 +20,12 @@ variant (``reserve``), a query for the drained one is still refused for a few se
 loading it again on demand: a gateway's view of the workers may be that old, and a reload would
 take back the slot the plan freed. Without ``reserve`` (nothing waits for the slot) such a query
 loads it again, as any query for a variant no worker holds does.
+
+``--tune region`` (or ``ucb``) tunes each loaded variant's parallelism (intra-op threads, inter-op
+threads, concurrent batches) under its live traffic, to fewest SLO violations and then least CPU
+(``modelless.tuning``, RRL; docs/TUNING.md). ``POST /configure`` sets one by hand. A switch builds
+the new session beside the old one and swaps them: runs in flight finish on the old one, queued
+queries run on the new one, none is dropped.
 """
 
 from __future__ import annotations
@@ -29,24 +35,36 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from aws_lambda_powertools import Logger
 
-from modelless.batching import DEFAULT_MAX_DELAY_S, ModelFn, VariantBatcher, max_limit_for, profile_estimate
+from modelless.batching import (
+    DEFAULT_MAX_DELAY_S,
+    AimdController,
+    ModelFn,
+    VariantBatcher,
+    max_limit_for,
+    profile_estimate,
+)
 from modelless.exceptions import (
     BatcherClosedError,
     InstanceDrainingError,
     InvalidInputError,
     NoFreeSlotError,
+    NotFoundError,
 )
 from modelless.monitoring import WorkerMonitor
 from modelless.pools.reporting import ReportFailures, make_state_sink
 from modelless.repository import open_repository
 from modelless.runtime import LoadedVariant, VariantRuntime, inputs_of, npy_bytes, run_session
+from modelless.tuning import POLICIES, make_policy
+from modelless.tuning.base import ParallelConfig, config_space
+from modelless.tuning.live import DEFAULT_MIN_QUERIES, DEFAULT_WINDOW_S, LiveTuner
 from modelless.types import VariantProfile
 from modelless.worker import DRAINED_REFUSAL_S, REPORT_TOKEN_ENV
 from modelless.worker.http import announce_ready, make_server, stop_gracefully_on_sigterm
@@ -68,6 +86,20 @@ class BatchingConfig:
 
 
 DEFAULT_BATCHING = BatchingConfig()
+# A query that meets a batcher closed under it (a switch of configuration, an unload) is submitted
+# again to the instance's current batcher; more tries than this and it fails.
+SUBMIT_TRIES = 3
+TUNE_TICK_S = 0.25
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    """``--tune``: which policy tunes each instance, over what windows, on how many cores."""
+
+    policy: str = "region"
+    window_s: float = DEFAULT_WINDOW_S
+    min_queries: int = DEFAULT_MIN_QUERIES
+    cores: int = field(default_factory=lambda: os.cpu_count() or 1)
 
 
 def deadline_ms_of(payload: dict[str, Any], default_ms: float) -> float:
@@ -89,10 +121,15 @@ class Worker:
         repository_url: str,
         cache_dir: Path,
         batching: BatchingConfig | None = DEFAULT_BATCHING,
+        tuning: TuningConfig | None = None,
     ) -> None:
         self.monitor = WorkerMonitor(worker_id, pool, address="", slots=slots)
         self.runtime = VariantRuntime(open_repository(repository_url), cache_dir)
         self.batching = batching
+        # Tuning needs the batcher: it is what runs an instance's concurrent batches.
+        self.tuning = tuning if batching is not None else None
+        self._tuners: dict[str, LiveTuner] = {}  # variant -> its tuner (guarded by _batchers_lock)
+        self._reconfigure_lock = threading.Lock()  # one switch of configuration at a time
         # Each batcher is bound to the loaded instance it runs on (see _batcher).
         self._batchers: dict[str, tuple[LoadedVariant, VariantBatcher]] = {}
         self._batchers_lock = threading.Lock()
@@ -160,6 +197,7 @@ class Worker:
         self.runtime.unload(variant_id)
         with self._batchers_lock:
             bound = self._batchers.pop(variant_id, None)
+            self._tuners.pop(variant_id, None)  # a later load starts the search afresh
         if bound is not None:
             bound[1].close(timeout_s=0.0)  # nothing is queued: every request it held has left
         self._instances_changed.notify_all()
@@ -233,16 +271,28 @@ class Worker:
         # Loading happens here, in the caller's thread: a failed load fails this request alone,
         # never a batch, and its load time is reported to the request that paid it.
         loaded, load_ms = self._ensure_loaded(variant)
-        batcher = self._batcher(loaded, config)
-        try:
-            batched = batcher.submit(inputs, deadline)
-        except BatcherClosedError:
-            # Unloaded between our load and our submit: load again (on demand, as ever) and retry once.
-            loaded, reload_ms = self._ensure_loaded(variant)
-            load_ms += reload_ms
-            batcher = self._batcher(loaded, config)
-            batched = batcher.submit(inputs, deadline)
+        arriving = self._tuner(loaded)
+        if arriving is not None:
+            arriving.record_arrival()  # the load level the tuner learns for
+        for tries_left in range(SUBMIT_TRIES - 1, -1, -1):
+            loaded, batcher = self._bound(loaded, config)
+            try:
+                batched = batcher.submit(inputs, deadline)
+                break
+            except BatcherClosedError:
+                # Unloaded, or switched to another configuration, between our lookup and our
+                # submit: to the instance's current batcher (loading again on demand, as ever).
+                if tries_left == 0:
+                    raise
+                loaded, reload_ms = self._ensure_loaded(variant)
+                load_ms += reload_ms
         self.monitor.batching(variant.variant_id, batcher.current_limit)
+        tuner = self._tuner(loaded)
+        if tuner is not None:
+            budget_ms = (deadline - arrived) * 1000.0
+            tuner.record_query(loaded.config, (time.monotonic() - arrived) * 1000.0, budget_ms)
+            if batched.position == 0:
+                tuner.record_run(loaded.config, batched.batch, batched.inference_ms)
         # The monitor adds every request's inference time to the instance's busy time, so a
         # batch's run is attributed to its first request only; the others report it as waiting
         # (queue + inference is still each request's latency). Busy time stays true, and the
@@ -260,40 +310,146 @@ class Worker:
         }, monitored
 
     def _batcher(self, loaded: LoadedVariant, config: BatchingConfig) -> VariantBatcher:
+        return self._bound(loaded, config)[1]
+
+    def _bound(self, loaded: LoadedVariant, config: BatchingConfig) -> tuple[LoadedVariant, VariantBatcher]:
+        """The instance's batcher and the session it runs on: ``loaded``'s, or, when ``loaded``
+        was replaced by a new configuration's session since the caller looked it up, the
+        current one's (the query runs on what the instance runs now)."""
         variant_id = loaded.variant.variant_id
         stale: VariantBatcher | None = None
         with self._batchers_lock:
             bound = self._batchers.get(variant_id)
-            if bound is not None and bound[0] is loaded:
-                return bound[1]
+            if bound is not None and (bound[0] is loaded or bound[0] is self.runtime.current(variant_id)):
+                return bound
+            initial = 1
             if bound is not None:
-                # The variant was unloaded and loaded again since this batcher was made: it would
-                # keep the old session alive and in use. Its queue is still served, then it ends.
+                # The variant was unloaded and loaded again, or switched to another configuration,
+                # since this batcher was made: it would keep the old session alive and in use.
+                # Its queue is still served, then it ends; the new one starts at its batch limit.
                 stale = bound[1]
+                initial = stale.controller.limit
+            max_limit = max_limit_for(loaded.variant)
             batcher = VariantBatcher(
                 variant_id,
                 _session_runner(loaded),
                 profile_estimate(loaded.variant),
-                max_limit_for(loaded.variant),
+                max_limit,
                 max_delay_s=config.max_delay_s,
+                controller=AimdController(max_limit, initial=initial),
+                runners=loaded.config.concurrency,
             )
             self._batchers[variant_id] = (loaded, batcher)
         if stale is not None:
             stale.close(timeout_s=0.0)
-        return batcher
+        return loaded, batcher
+
+    def _tuner(self, loaded: LoadedVariant) -> LiveTuner | None:
+        """The instance's tuner (made on its first online query), or None when not tuning."""
+        if self.tuning is None:
+            return None
+        variant_id = loaded.variant.variant_id
+        with self._batchers_lock:
+            tuner = self._tuners.get(variant_id)
+            if tuner is None and variant_id in self.runtime.loaded_ids:
+                # The profiled configuration is where the search starts, in the space or not.
+                space = sorted({*config_space(self.tuning.cores), loaded.config})
+                policy = make_policy(self.tuning.policy, space, loaded.config)
+                estimate = _median_estimate(loaded.variant)
+                tuner = LiveTuner(
+                    policy,
+                    loaded.config,
+                    time.monotonic(),
+                    expected_ms=estimate,
+                    window_s=self.tuning.window_s,
+                    min_queries=self.tuning.min_queries,
+                )
+                self._tuners[variant_id] = tuner
+            return tuner
+
+    def tune_once(self, now: float) -> None:
+        """One tick of every instance's tuner: a window that ended is observed, and a proposed
+        configuration applied; the monitor hears what each instance runs now."""
+        with self._batchers_lock:
+            tuners = dict(self._tuners)
+        for variant_id, tuner in tuners.items():
+            proposed = tuner.tick(now)
+            if proposed is not None:
+                try:
+                    self.reconfigure({"variant_id": variant_id, "config": proposed.to_dict()})
+                except Exception as error:  # a failed switch leaves the instance as it was
+                    logger.warning(
+                        "could not switch configuration",
+                        extra={"variant_id": variant_id, "config": proposed.label(), "error": str(error)},
+                    )
+            current = tuner.current
+            self.monitor.tuned(
+                variant_id, current.intra, current.inter, current.concurrency, tuner.latency_scale
+            )
+
+    def reconfigure(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /configure``: run a loaded instance with another parallelism configuration
+        (``{"variant_id": ..., "config": {"intra": 2, "inter": 1, "concurrency": 1}}``). The new
+        session is built beside the old one and swapped in; queries queued move to it, runs in
+        flight finish on the old one; no query is dropped."""
+        variant_id = body.get("variant_id")
+        if not isinstance(variant_id, str):
+            raise InvalidInputError(f"variant_id must be a string, not {variant_id!r}")
+        try:
+            config = ParallelConfig.from_dict(body.get("config"))
+        except (TypeError, ValueError) as error:
+            raise InvalidInputError(f"bad configuration: {error}") from error
+        if self.batching is None:
+            raise InvalidInputError("this worker runs without batching: its instances cannot be reconfigured")
+        missing = NotFoundError(f"worker {self.monitor.worker_id} has no instance of {variant_id}")
+        with self._reconfigure_lock:
+            current = self.runtime.current(variant_id)
+            if current is None:
+                raise missing
+            switched = current.config != config
+            if switched:
+                fresh = self.runtime.build(current, config)  # the old session serves meanwhile
+                # Swapped under the instances' lock, so that a drain finishing meanwhile cannot
+                # leave the new session (or its batcher) behind an unloaded instance.
+                with self._instances_lock:
+                    if variant_id in self._draining or not self.runtime.swap(current, fresh):
+                        raise missing
+                    self._bound(fresh, self.batching)  # the old batcher is closed: its queue moves over
+            elif variant_id in self.monitor.draining_ids:
+                raise missing
+            with self._batchers_lock:
+                tuner = self._tuners.get(variant_id)
+            if tuner is not None:
+                tuner.switched(config, time.monotonic())
+                self.monitor.tuned(
+                    variant_id, config.intra, config.inter, config.concurrency, tuner.latency_scale
+                )
+            else:
+                self.monitor.tuned(variant_id, config.intra, config.inter, config.concurrency, 0.0)
+        self.state_changed.set()
+        return {"variant_id": variant_id, "config": config.to_dict(), "switched": switched}
 
     def stats(self, _: dict[str, Any]) -> dict[str, Any]:
         state = self.monitor.snapshot(time.time())
         with self._batchers_lock:
             batchers = {variant_id: bound[1] for variant_id, bound in self._batchers.items()}
         batching = {variant_id: batcher.stats() for variant_id, batcher in batchers.items()}
+        with self._batchers_lock:
+            tuners = dict(self._tuners)
+        configs = {variant_id: bound[0].config.to_dict() for variant_id, bound in self._bound_items()}
         return {
+            "configs": configs,
+            "tuning": {variant_id: tuner.report() for variant_id, tuner in tuners.items()},
             "worker_id": state.worker_id,
             "state": state.to_json(),
             "loaded": self.runtime.loaded_ids,
             "draining": self.monitor.draining_ids,
             "batching": batching,
         }
+
+    def _bound_items(self) -> list[tuple[str, tuple[LoadedVariant, VariantBatcher]]]:
+        with self._batchers_lock:
+            return list(self._batchers.items())
 
     def load(self, body: dict[str, Any]) -> dict[str, Any]:
         """Load a variant ahead of its queries (the scaler's plan), into a free slot. A variant
@@ -363,6 +519,16 @@ def _session_runner(loaded: LoadedVariant) -> ModelFn:
     return run
 
 
+def _median_estimate(variant: VariantProfile) -> Callable[[int], float]:
+    """The profile's median run time at a batch size (its largest profiled one beyond it): what
+    a tuned instance's measured runs are compared with."""
+
+    def estimate(rows: int) -> float:
+        return variant.median_ms(min(max(1, rows), variant.max_batch))
+
+    return estimate
+
+
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 
 
@@ -422,15 +588,46 @@ def main(argv: list[str] | None = None) -> None:
         default=DEFAULT_MAX_DELAY_S * 1000,
         help="longest wait for more queries to fill a batch (never past a query's deadline)",
     )
+    parser.add_argument(
+        "--tune",
+        choices=("off", *POLICIES),
+        default="off",
+        help="tune each instance's parallelism under its live traffic (docs/TUNING.md): region "
+        "(RRL's region-based search) or ucb (a UCB1 bandit); off: run each as profiled",
+    )
+    parser.add_argument(
+        "--tune-window-s", type=float, default=DEFAULT_WINDOW_S, help="length of one tuning window"
+    )
+    parser.add_argument(
+        "--tune-min-queries",
+        type=int,
+        default=DEFAULT_MIN_QUERIES,
+        help="queries a window needs before it is judged",
+    )
     args = parser.parse_args(argv)
+    if args.tune != "off" and args.no_batching:
+        parser.error("--tune needs batching: it is the batcher that runs an instance's concurrent batches")
+    if args.tune_window_s <= 0 or args.tune_min_queries < 1:
+        parser.error("--tune-window-s must be positive and --tune-min-queries at least 1")
     try:
         advertised_host = advertise_host_for(args.host, args.advertise_host)
     except ValueError as error:
         parser.error(str(error))
 
     batching = None if args.no_batching else BatchingConfig(max_delay_s=args.batch_delay_ms / 1000)
+    tuning = (
+        None
+        if args.tune == "off"
+        else TuningConfig(args.tune, window_s=args.tune_window_s, min_queries=args.tune_min_queries)
+    )
     worker = Worker(
-        args.worker_id, args.pool, args.slots, args.repository, Path(args.cache_dir), batching=batching
+        args.worker_id,
+        args.pool,
+        args.slots,
+        args.repository,
+        Path(args.cache_dir),
+        batching=batching,
+        tuning=tuning,
     )
     server = make_server(
         args.host,
@@ -440,6 +637,7 @@ def main(argv: list[str] | None = None) -> None:
             ("GET", "/stats"): worker.stats,
             ("POST", "/load"): worker.load,
             ("POST", "/unload"): worker.unload,
+            ("POST", "/configure"): worker.reconfigure,
         },
     )
     # socketserver listens with a backlog of 5: a burst of concurrent callers opening their
@@ -471,6 +669,16 @@ def main(argv: list[str] | None = None) -> None:
         worker.state_changed.set()
 
     threading.Thread(target=report_loop, name="monitor", daemon=True).start()
+    if worker.tuning is not None:
+
+        def tune_loop() -> None:
+            while not stop.wait(TUNE_TICK_S):
+                try:
+                    worker.tune_once(time.monotonic())
+                except Exception:  # tuning must never take the worker down
+                    logger.exception("tuning tick failed")
+
+        threading.Thread(target=tune_loop, name="tuner", daemon=True).start()
     # A scale-down: stop reporting (so selection forgets us once the pool provider removes our
     # last report), finish what is in flight, then exit.
     stop_gracefully_on_sigterm(server, before_drain=stop_reporting)

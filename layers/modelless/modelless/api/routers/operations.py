@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from modelless.api.dependencies import AdminDep, KeyDep, ServicesDep
+from modelless.api.schemas import CacheStatsReply
 from modelless.api.services import Services
 from modelless.auth import check_admin
 from modelless.exceptions import ForbiddenError, StoreEmptiedError, StoreUnavailableError, UnauthorizedError
@@ -89,3 +90,35 @@ def _app_view(worker: WorkerState, app_id: str) -> dict[str, Any] | None:
 @router.post(INTERNAL_STATE_PATH, status_code=204, include_in_schema=False)
 async def worker_state(request: Request, services: ServicesDep, _: AdminDep) -> None:
     services.store.put_worker_state(WorkerState.from_json(await request.body()))
+
+
+@router.get("/v1/cache", tags=["operations"])
+def cache_stats(services: ServicesDep, _: AdminDep) -> CacheStatsReply:
+    """The prediction cache (admin only): hits, misses, hit rate, entries, bytes held and
+    evictions; with Redis, those of every gateway and offline runner sharing it. A cache that
+    cannot be read is a 503, as the store's outage is (queries go on, as misses)."""
+    cache = services.dispatcher.cache
+    if cache is None:
+        return CacheStatsReply(
+            enabled=False, backend=None, hits=0, misses=0, hitRate=0.0, entries=0, bytesUsed=0,
+            maxBytes=0, evictions=0,
+        )  # fmt: skip
+    stats = cache.predictions.stats()
+    return CacheStatsReply(
+        enabled=True,
+        backend=stats.backend,
+        hits=stats.hits,
+        misses=stats.misses,
+        hitRate=round(stats.hit_rate, 6),
+        entries=stats.entries,
+        bytesUsed=stats.bytes_used,
+        maxBytes=stats.max_bytes,
+        evictions=stats.evictions,
+    )
+
+
+@router.delete("/v1/cache", status_code=204, tags=["operations"])
+def clear_cache(services: ServicesDep, _: AdminDep) -> None:
+    """Empty the prediction cache and reset its counters (admin only)."""
+    if services.dispatcher.cache is not None:
+        services.dispatcher.cache.predictions.backend.clear()

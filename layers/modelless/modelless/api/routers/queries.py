@@ -10,6 +10,7 @@ through JSON parsing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -22,11 +23,11 @@ from starlette.requests import ClientDisconnect
 
 from modelless.api.deadlines import ReplyDeadline
 from modelless.api.dependencies import KeyDep, ServicesDep
-from modelless.api.schemas import OnlineQuery, QueryAccuracy, QueryLatencyMs, QueryReply
+from modelless.api.schemas import EnsembleReply, OnlineQuery, QueryAccuracy, QueryLatencyMs, QueryReply
 from modelless.api.services import Services
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
 from modelless.inputs import BodyKind, binary_inputs, body_kind, query_inputs
-from modelless.observability import record_query
+from modelless.observability import cache_stats_reporter, record_query
 from modelless.types import QueryTargets
 from modelless.validation import MAX_LATENCY_MS, check_name
 
@@ -169,25 +170,31 @@ def answer_query(
     )
     if deadline is not None:
         deadline.know(targets)
-    result = services.dispatcher.online_query(
-        targets, inputs, correlation_id, decode_ms=decode_ms, received=reading
-    )
-    record_query(result)
-    outputs = result.outputs.astype(np.float64)
+    # By the app's selection policy (INFaaS's getVariant, or Exp3/Exp4 from feedback).
+    answer = services.feedback.answer(targets, inputs, correlation_id, decode_ms=decode_ms, received=reading)
+    result = answer.result
+    for served in answer.served:  # an ensemble's members, each as the query it ran
+        record_query(served)
+    cache = services.dispatcher.cache  # its hit rate and size, as EMF metrics once a minute
+    cache_stats_reporter.maybe_report(None if cache is None else cache.predictions)
+    outputs = answer.outputs.astype(np.float64)
     return QueryReply(
         queryId=result.query_id,
         outputs=outputs.round(6).tolist(),
-        predictions=np.argmax(outputs, axis=1).astype(int).tolist(),
+        predictions=answer.predictions,
         model=result.decision.variant.model_name,
         variant=result.decision.variant.variant_id,
         tier=result.tier.value,
         worker=result.worker_id,
-        variantState=result.decision.state.value,
+        variantState="cached" if result.cached else result.decision.state.value,
         coldStart=result.cold_start,
         retried=result.retried,
+        cached=result.cached,
         reason=result.decision.reason,
         expectedLatencyMs=round(result.decision.expected_latency_ms, 3),
         timingsMs=result.timings_ms,
+        policy=answer.policy.value,
+        ensemble=None if answer.ensemble is None else EnsembleReply(**dataclasses.asdict(answer.ensemble)),
     )
 
 

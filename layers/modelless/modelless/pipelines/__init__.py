@@ -1,0 +1,1 @@
+"""Pipelines: DAGs of models under one end-to-end latency SLO (InferLine; docs/PIPELINES.md)."""

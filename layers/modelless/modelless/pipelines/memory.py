@@ -1,0 +1,49 @@
+"""In-memory pipeline store: one process's gateway (the embedded default) and unit tests."""
+
+from __future__ import annotations
+
+import threading
+
+from modelless.pipelines.spec import PipelineSpec
+from modelless.pipelines.store import BranchCount
+
+
+class InMemoryPipelineStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._specs: dict[str, dict[str, PipelineSpec]] = {}
+        self._branches: dict[tuple[str, str], dict[str, BranchCount]] = {}
+
+    def create(self, app_id: str, spec: PipelineSpec) -> bool:
+        with self._lock:
+            specs = self._specs.setdefault(app_id, {})
+            if spec.name in specs:
+                return False
+            specs[spec.name] = spec.model_copy(deep=True)
+            return True
+
+    def get(self, app_id: str, name: str) -> PipelineSpec | None:
+        with self._lock:
+            spec = self._specs.get(app_id, {}).get(name)
+            return None if spec is None else spec.model_copy(deep=True)
+
+    def list(self, app_id: str) -> list[PipelineSpec]:
+        with self._lock:
+            specs = self._specs.get(app_id, {})
+            return [specs[name].model_copy(deep=True) for name in sorted(specs)]
+
+    def delete(self, app_id: str, name: str) -> bool:
+        with self._lock:
+            self._branches.pop((app_id, name), None)
+            return self._specs.get(app_id, {}).pop(name, None) is not None
+
+    def count_branches(self, app_id: str, name: str, taken: dict[str, bool]) -> None:
+        with self._lock:
+            counts = self._branches.setdefault((app_id, name), {})
+            for edge, was_taken in taken.items():
+                old = counts.get(edge, BranchCount(0, 0))
+                counts[edge] = BranchCount(old.seen + 1, old.taken + int(was_taken))
+
+    def branches(self, app_id: str, name: str) -> dict[str, BranchCount]:
+        with self._lock:
+            return dict(self._branches.get((app_id, name), {}))

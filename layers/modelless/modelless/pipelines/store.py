@@ -1,0 +1,51 @@
+"""What pipelines keep, per app: each pipeline's spec, and per edge how often its source ran and
+how often the edge was then taken (the branch probability the planner weighs load by)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from modelless.pipelines.spec import PipelineSpec
+
+
+@dataclass(frozen=True)
+class BranchCount:
+    seen: int  # queries whose source stage ran
+    taken: int  # of those, the ones that took the edge
+
+    @property
+    def probability(self) -> float | None:
+        return self.taken / self.seen if self.seen else None
+
+
+class PipelineStore(Protocol):
+    def create(self, app_id: str, spec: PipelineSpec) -> bool:
+        """Store a new pipeline; False (and nothing changed) when the app has one of that name."""
+
+    def get(self, app_id: str, name: str) -> PipelineSpec | None: ...
+
+    def list(self, app_id: str) -> list[PipelineSpec]:
+        """The app's pipelines, by name."""
+
+    def delete(self, app_id: str, name: str) -> bool:
+        """Forget the pipeline and its branch counts; False when there was none."""
+
+    def count_branches(self, app_id: str, name: str, taken: dict[str, bool]) -> None:
+        """One query's edges whose source ran (edge key -> whether it was taken)."""
+
+    def branches(self, app_id: str, name: str) -> dict[str, BranchCount]: ...
+
+
+def pipeline_store_for(metadata: object) -> PipelineStore:
+    """Beside a metadata store: in the same Redis (and namespace) for the Redis store, so that
+    every gateway sees the app's pipelines; else in this process's memory."""
+    from modelless.metadata.redis import RedisMetadataStore
+
+    if isinstance(metadata, RedisMetadataStore):
+        from modelless.pipelines.redis import RedisPipelineStore
+
+        return RedisPipelineStore(metadata)
+    from modelless.pipelines.memory import InMemoryPipelineStore
+
+    return InMemoryPipelineStore()

@@ -1,0 +1,201 @@
+"""Pipelines on real worker processes and a real Redis (InferLine): a sequential pipeline and a
+conditional cascade of real digits models, each stage served by a worker process, the answers
+the real models' own; the Redis pipeline store shared by every gateway (specs, and branch
+counts that concurrent queries never lose)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from modelless.dispatch import Dispatcher
+from modelless.exceptions import ConflictError, InvalidInputError, NotFoundError
+from modelless.metadata.redis import RedisMetadataStore
+from modelless.pipelines.redis import RedisPipelineStore
+from modelless.pipelines.service import PipelineService
+from modelless.pipelines.spec import PipelineSpec
+from modelless.pipelines.store import BranchCount, pipeline_store_for
+from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
+from modelless.pools.invokers import HttpWorkerInvoker
+from modelless.pools.local import LocalWorkerPool
+from modelless.repository.local import LocalModelRepository
+from modelless.selection import InfaasPolicy
+from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
+from tests.functional.workers_kit import report_url_of, start_worker, worker_pool
+from tests.models import digits, hidden_model, linear_model
+
+APP = "pipeline-app"
+SLO_MS = 2000.0  # room for the first queries' loads on a busy machine
+
+
+@dataclass
+class Served:
+    store: RedisMetadataStore
+    repository: LocalModelRepository
+    pool: LocalWorkerPool
+    pipelines: PipelineService
+
+
+@pytest.fixture
+def served(tmp_path: Path, redis_store: RedisMetadataStore) -> Iterator[Served]:
+    repository = LocalModelRepository(tmp_path / "repo")
+    invoker = HttpWorkerInvoker()
+    with worker_pool(str(tmp_path / "repo"), report_url_of(redis_store), tmp_path, slots=4) as pool:
+        dispatcher = Dispatcher(redis_store, InfaasPolicy(DEFAULT_POOLS), invoker, None)
+        service = PipelineService(
+            pipeline_store_for(redis_store), redis_store, dispatcher, max_batch=16, pools=DEFAULT_POOLS
+        )
+        try:
+            served = Served(redis_store, repository, pool, service)
+            publish(served, "linear", linear_model(), accuracy=0.86, p99_ms=5.0)
+            publish(served, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0)
+            start_worker(pool, redis_store)
+            yield served
+        finally:
+            service.close()
+            invoker.close()
+
+
+def publish(served: Served, name: str, model: bytes, accuracy: float, p99_ms: float) -> None:
+    """A ready model of APP with one CPU variant: its profile as given (a test's claim)."""
+    key = f"apps/{APP}/{name}/variants/fp32-basic.onnx"
+    served.repository.put(key, model)
+    record = ModelRecord(APP, name, "input", [1, 8, 8], "float32", 10, f"reg-{name}", key)
+    registration = Registration(f"reg-{name}", APP, name)
+    served.store.add_model(record, registration)
+    variant = VariantProfile(
+        variant_id=f"{APP}/{name}/fp32-basic/cpu",
+        app_id=APP,
+        model_name=name,
+        pool="cpu",
+        precision="fp32",
+        opt_level="basic",
+        threads=1,
+        artifact_key=key,
+        size_bytes=len(model),
+        load_latency_ms=20.0,
+        latency_p50_ms={1: p99_ms / 2, 8: p99_ms},
+        latency_p99_ms={1: p99_ms, 8: p99_ms * 2},
+        peak_memory_mb=1.0,
+        accuracy=accuracy,
+        price_per_second=CPU_POOL.instance_price_per_second(1),
+        request_price=0.0,
+        hardware="test",
+        measured_on_target=True,
+    )
+    registration.status = RegistrationStatus.READY
+    registration.variant_ids = [variant.variant_id]
+    served.store.publish_variants(ModelRecord(**{**record.__dict__, "ready": True}), [variant], registration)
+
+
+def classes_of(model: bytes, inputs: np.ndarray) -> list[int]:
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return [int(c) for c in np.argmax(session.run(None, {"input": inputs})[0], axis=1)]
+
+
+def confidence_of(model: bytes, inputs: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"input": inputs})[0].astype(np.float64)
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    confidence: np.ndarray = (shifted / shifted.sum(axis=1, keepdims=True)).max(axis=1)
+    return confidence
+
+
+def rows(count: int, start: int = 0) -> np.ndarray:
+    return np.ascontiguousarray(digits()[0][-400 + start :][:count])
+
+
+SEQUENTIAL = PipelineSpec.model_validate(
+    {
+        "name": "sequential",
+        "stages": [{"name": "first", "model": "linear"}, {"name": "second", "model": "hidden"}],
+        "edges": [{"source": "first", "target": "second"}],
+        "latencySlo": SLO_MS,
+        "accuracy": 0.8,
+    }
+)
+THRESHOLD = 0.17  # about the median confidence of the linear model (a least-squares fit) on the sample
+CASCADE = PipelineSpec.model_validate(
+    {
+        "name": "cascade",
+        "stages": [{"name": "cheap", "model": "linear"}, {"name": "expensive", "model": "hidden"}],
+        "edges": [
+            {
+                "source": "cheap",
+                "target": "expensive",
+                "when": {"kind": "confidence_below", "threshold": THRESHOLD},
+            }
+        ],
+        "latencySlo": SLO_MS,
+    }
+)
+
+
+def test_a_sequential_pipeline_runs_its_stages_on_a_real_worker(served: Served) -> None:
+    served.pipelines.register(APP, SEQUENTIAL)
+    inputs = rows(4)
+
+    run = served.pipelines.query(APP, "sequential", inputs.tolist())
+
+    assert [s.ran for s in run.stages] == [True, True]
+    for stage, model in zip(run.stages, ("linear", "hidden"), strict=True):
+        assert stage.result is not None and stage.result.tier.value == "worker"
+        assert stage.result.worker_id in served.pool.workers()
+        assert stage.result.decision.variant.model_name == model
+        assert stage.result.timings_ms["inference_ms"] > 0
+    assert run.stages[0].predictions == classes_of(linear_model(), inputs)
+    assert run.answered_by == "second"
+    assert [int(c) for c in run.outputs.argmax(axis=1)] == classes_of(hidden_model(), inputs)
+    # The second stage began after the first answered, and the whole took at least both.
+    first, second = (s.result for s in run.stages)
+    assert first is not None and second is not None
+    assert run.total_ms >= first.timings_ms["total_ms"] + second.timings_ms["total_ms"] - 1.0
+
+
+def test_a_cascade_escalates_exactly_the_unsure_queries_and_counts_its_branch(served: Served) -> None:
+    served.pipelines.register(APP, CASCADE)
+    queries = [rows(1, start) for start in range(12)]
+    unsure = [bool(confidence_of(linear_model(), q)[0] < THRESHOLD) for q in queries]
+    assert any(unsure) and not all(unsure), "the sample should hold both kinds"
+
+    with ThreadPoolExecutor(4) as pool:  # concurrent queries: no branch count is lost
+        runs = list(pool.map(lambda q: served.pipelines.query(APP, "cascade", q.tolist()), queries))
+
+    for run, escalated, query in zip(runs, unsure, queries, strict=True):
+        assert [s.ran for s in run.stages] == [True, escalated]
+        model = hidden_model() if escalated else linear_model()
+        assert [int(c) for c in run.outputs.argmax(axis=1)] == classes_of(model, query)
+    # Another gateway (a second store on the same Redis) sees the spec and the measured branch.
+    other = RedisPipelineStore(served.store)
+    assert other.get(APP, "cascade") == CASCADE
+    assert other.branches(APP, "cascade") == {"cheap->expensive": BranchCount(len(queries), sum(unsure))}
+
+
+def test_the_redis_store_refuses_what_the_service_must_and_forgets_on_delete(served: Served) -> None:
+    served.pipelines.register(APP, SEQUENTIAL)
+    with pytest.raises(ConflictError):
+        served.pipelines.register(APP, SEQUENTIAL)
+    unknown = SEQUENTIAL.model_copy(
+        update={
+            "name": "unknown",
+            "stages": [SEQUENTIAL.stages[0].model_copy(update={"model": "missing"})],
+            "edges": [],
+        }
+    )
+    with pytest.raises(InvalidInputError):
+        served.pipelines.register(APP, unknown)
+    served.pipelines.query(APP, "sequential", rows(1).tolist())
+    assert [s.name for s in served.pipelines.store.list(APP)] == ["sequential"]
+
+    served.pipelines.delete(APP, "sequential")
+
+    assert served.pipelines.store.list(APP) == []
+    assert served.pipelines.branches(APP, "sequential") == {}
+    with pytest.raises(NotFoundError):
+        served.pipelines.query(APP, "sequential", rows(1).tolist())
