@@ -2,8 +2,8 @@
 # Boot script of a modelless pool worker (an EC2 instance of a pool's Auto Scaling group).
 #
 # The launch template's user data writes the pool's settings to /etc/modelless-worker.env
-# (MODELLESS_POOL, MODELLESS_SLOTS, MODELLESS_DEPLOY_URL, MODELLESS_REPOSITORY_URL,
-# MODELLESS_METADATA_URL, MODELLESS_LIFECYCLE_HOOK, AWS_DEFAULT_REGION), downloads this script
+# (MODELLESS_POOL, MODELLESS_SLOTS, MODELLESS_WORKER_TUNING, MODELLESS_DEPLOY_URL,
+# MODELLESS_REPOSITORY_URL, MODELLESS_METADATA_URL, MODELLESS_LIFECYCLE_HOOK, AWS_DEFAULT_REGION), downloads this script
 # from $MODELLESS_DEPLOY_URL/worker-boot.sh (published by scripts/publish-worker) and runs it as
 # root. It
 #   1. reads the instance's identity from the instance metadata service (IMDSv2): its id is the
@@ -34,7 +34,8 @@ set -a  # the settings are the environment of what runs next (aws, pip)
 source "$ENV_FILE"
 set +a
 : "${MODELLESS_POOL:?}" "${MODELLESS_SLOTS:?}" "${MODELLESS_DEPLOY_URL:?}" \
-  "${MODELLESS_REPOSITORY_URL:?}" "${MODELLESS_METADATA_URL:?}" "${MODELLESS_LIFECYCLE_HOOK:?}"
+  "${MODELLESS_REPOSITORY_URL:?}" "${MODELLESS_METADATA_URL:?}" "${MODELLESS_LIFECYCLE_HOOK:?}" \
+  "${MODELLESS_WORKER_TUNING:?}"
 
 imds() { # path: one instance metadata value, through an IMDSv2 session token
   local token

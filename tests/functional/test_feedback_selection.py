@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from modelless.dispatch import Dispatcher
@@ -25,13 +24,13 @@ from modelless.feedback.redis import RedisFeedbackStore
 from modelless.feedback.service import FeedbackService, GivenFeedback
 from modelless.feedback.store import FeedbackStore, QueryRecord, feedback_store_for
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
+from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
 from modelless.selection import InfaasPolicy
-from modelless.types import ModelRecord, QueryTargets, Registration, RegistrationStatus, VariantProfile
-from tests.functional.workers_kit import report_url_of, start_worker, worker_pool
+from modelless.types import QueryTargets
+from tests.functional.workers_kit import classes_of, publish_model, report_url_of, start_worker, worker_pool
 from tests.models import digits, hidden_model, linear_model, slow_model
 from tests.unit.test_feedback_policy import EXP3_BOUND, THRESHOLD
 from tests.waiting import wait_for
@@ -61,51 +60,14 @@ def served(tmp_path: Path, redis_store: RedisMetadataStore) -> Iterator[Served]:
             invoker.close()
 
 
-def publish(served: Served, name: str, model: bytes, accuracy: float, p99_ms: float) -> None:
-    """A ready model of APP with one CPU variant: its profile as given (a test's claim)."""
-    key = f"apps/{APP}/{name}/variants/fp32-basic.onnx"
-    served.repository.put(key, model)
-    record = ModelRecord(APP, name, "input", [1, 8, 8], "float32", 10, f"reg-{name}", key)
-    registration = Registration(f"reg-{name}", APP, name)
-    served.store.add_model(record, registration)
-    variant = VariantProfile(
-        variant_id=f"{APP}/{name}/fp32-basic/cpu",
-        app_id=APP,
-        model_name=name,
-        pool="cpu",
-        precision="fp32",
-        opt_level="basic",
-        threads=1,
-        artifact_key=key,
-        size_bytes=len(model),
-        load_latency_ms=20.0,
-        latency_p50_ms={1: p99_ms / 2, 8: p99_ms},
-        latency_p99_ms={1: p99_ms, 8: p99_ms * 2},
-        peak_memory_mb=1.0,
-        accuracy=accuracy,
-        price_per_second=CPU_POOL.instance_price_per_second(1),
-        request_price=0.0,
-        hardware="test",
-        measured_on_target=True,
-    )
-    registration.status = RegistrationStatus.READY
-    registration.variant_ids = [variant.variant_id]
-    served.store.publish_variants(ModelRecord(**{**record.__dict__, "ready": True}), [variant], registration)
-
-
-def classes_of(model: bytes, inputs: np.ndarray) -> list[int]:
-    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    return [int(c) for c in np.argmax(session.run(None, {"input": inputs})[0], axis=1)]
-
-
 def queries(count: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
     inputs, labels = digits()
     return np.ascontiguousarray(inputs[-400 + start :][:count]), labels[-400 + start :][:count]
 
 
 def test_an_exp4_ensemble_of_real_models_answers_and_learns_per_member(served: Served) -> None:
-    publish(served, "linear", linear_model(), accuracy=0.86, p99_ms=5.0)
-    publish(served, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0)
+    publish_model(served.store, served.repository, APP, "linear", linear_model(), accuracy=0.86, p99_ms=5.0)
+    publish_model(served.store, served.repository, APP, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0)
     start_worker(served.pool, served.store)
     served.feedback.set_selection(APP, Policy.EXP4)
     inputs, labels = queries(8)
@@ -145,8 +107,8 @@ def test_exp3_on_real_workers_stops_choosing_a_model_judged_wrong_within_the_bou
     """Every answer of "linear" is fed back as wrong, every answer of "hidden" as right: within
     EXP3_BOUND feedbacks on linear, its probability is under THRESHOLD, and Exp3 sends the
     queries to hidden from then on (but for its exploration)."""
-    publish(served, "linear", linear_model(), accuracy=0.86, p99_ms=5.0)
-    publish(served, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0)
+    publish_model(served.store, served.repository, APP, "linear", linear_model(), accuracy=0.86, p99_ms=5.0)
+    publish_model(served.store, served.repository, APP, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0)
     start_worker(served.pool, served.store)
     served.feedback.set_selection(APP, Policy.EXP3)
     inputs, _ = queries(60)
@@ -175,9 +137,9 @@ def test_an_ensemble_answers_at_its_deadline_without_its_straggler_and_names_it(
     """ "slow" claims a 5 ms profile but takes hundreds of ms a row: at a 150 ms target the
     ensemble answers with the two quick members and lists slow as missing; slow's answer, when
     it comes, counts for nothing (no feedback reaches it)."""
-    publish(served, "linear", linear_model(), accuracy=0.86, p99_ms=5.0)
-    publish(served, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0)
-    publish(served, "slow", slow_model(), accuracy=0.9, p99_ms=5.0)
+    publish_model(served.store, served.repository, APP, "linear", linear_model(), accuracy=0.86, p99_ms=5.0)
+    publish_model(served.store, served.repository, APP, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0)
+    publish_model(served.store, served.repository, APP, "slow", slow_model(), accuracy=0.9, p99_ms=5.0)
     start_worker(served.pool, served.store)
     served.feedback.set_selection(APP, Policy.EXP4)
     inputs, labels = queries(2)

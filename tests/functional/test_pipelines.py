@@ -21,13 +21,12 @@ from modelless.pipelines.redis import RedisPipelineStore
 from modelless.pipelines.service import PipelineService
 from modelless.pipelines.spec import PipelineSpec
 from modelless.pipelines.store import BranchCount, pipeline_store_for
-from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
+from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
 from modelless.selection import InfaasPolicy
-from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
-from tests.functional.workers_kit import report_url_of, start_worker, worker_pool
+from tests.functional.workers_kit import classes_of, publish_model, report_url_of, start_worker, worker_pool
 from tests.models import digits, hidden_model, linear_model
 
 APP = "pipeline-app"
@@ -53,50 +52,17 @@ def served(tmp_path: Path, redis_store: RedisMetadataStore) -> Iterator[Served]:
         )
         try:
             served = Served(redis_store, repository, pool, service)
-            publish(served, "linear", linear_model(), accuracy=0.86, p99_ms=5.0)
-            publish(served, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0)
+            publish_model(
+                served.store, served.repository, APP, "linear", linear_model(), accuracy=0.86, p99_ms=5.0
+            )
+            publish_model(
+                served.store, served.repository, APP, "hidden", hidden_model(), accuracy=0.93, p99_ms=8.0
+            )
             start_worker(pool, redis_store)
             yield served
         finally:
             service.close()
             invoker.close()
-
-
-def publish(served: Served, name: str, model: bytes, accuracy: float, p99_ms: float) -> None:
-    """A ready model of APP with one CPU variant: its profile as given (a test's claim)."""
-    key = f"apps/{APP}/{name}/variants/fp32-basic.onnx"
-    served.repository.put(key, model)
-    record = ModelRecord(APP, name, "input", [1, 8, 8], "float32", 10, f"reg-{name}", key)
-    registration = Registration(f"reg-{name}", APP, name)
-    served.store.add_model(record, registration)
-    variant = VariantProfile(
-        variant_id=f"{APP}/{name}/fp32-basic/cpu",
-        app_id=APP,
-        model_name=name,
-        pool="cpu",
-        precision="fp32",
-        opt_level="basic",
-        threads=1,
-        artifact_key=key,
-        size_bytes=len(model),
-        load_latency_ms=20.0,
-        latency_p50_ms={1: p99_ms / 2, 8: p99_ms},
-        latency_p99_ms={1: p99_ms, 8: p99_ms * 2},
-        peak_memory_mb=1.0,
-        accuracy=accuracy,
-        price_per_second=CPU_POOL.instance_price_per_second(1),
-        request_price=0.0,
-        hardware="test",
-        measured_on_target=True,
-    )
-    registration.status = RegistrationStatus.READY
-    registration.variant_ids = [variant.variant_id]
-    served.store.publish_variants(ModelRecord(**{**record.__dict__, "ready": True}), [variant], registration)
-
-
-def classes_of(model: bytes, inputs: np.ndarray) -> list[int]:
-    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    return [int(c) for c in np.argmax(session.run(None, {"input": inputs})[0], axis=1)]
 
 
 def confidence_of(model: bytes, inputs: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
+from modelless.repository.local import LocalModelRepository
 from modelless.runtime import npy_bytes
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile, WorkerState
 from tests.models import digits, linear_model
@@ -216,3 +217,50 @@ def publish_linear_model(store: MetadataStore, variant: VariantProfile, *more: V
     registration.status = RegistrationStatus.READY
     registration.variant_ids = [v.variant_id for v in (variant, *more)]
     store.publish_variants(ModelRecord(**{**model.__dict__, "ready": True}), [variant, *more], registration)
+
+
+def publish_model(
+    store: MetadataStore,
+    repository: LocalModelRepository,
+    app_id: str,
+    name: str,
+    model: bytes,
+    accuracy: float,
+    p99_ms: float,
+) -> None:
+    """A ready model of ``app_id`` over 8x8 digits with one CPU variant: its profile as given (a
+    test's claim), its artifact the real ``model``."""
+    key = f"apps/{app_id}/{name}/variants/fp32-basic.onnx"
+    repository.put(key, model)
+    record = ModelRecord(app_id, name, "input", [1, 8, 8], "float32", 10, f"reg-{name}", key)
+    registration = Registration(f"reg-{name}", app_id, name)
+    store.add_model(record, registration)
+    variant = VariantProfile(
+        variant_id=f"{app_id}/{name}/fp32-basic/cpu",
+        app_id=app_id,
+        model_name=name,
+        pool="cpu",
+        precision="fp32",
+        opt_level="basic",
+        threads=1,
+        artifact_key=key,
+        size_bytes=len(model),
+        load_latency_ms=20.0,
+        latency_p50_ms={1: p99_ms / 2, 8: p99_ms},
+        latency_p99_ms={1: p99_ms, 8: p99_ms * 2},
+        peak_memory_mb=1.0,
+        accuracy=accuracy,
+        price_per_second=CPU_POOL.instance_price_per_second(1),
+        request_price=0.0,
+        hardware="test",
+        measured_on_target=True,
+    )
+    registration.status = RegistrationStatus.READY
+    registration.variant_ids = [variant.variant_id]
+    store.publish_variants(ModelRecord(**{**record.__dict__, "ready": True}), [variant], registration)
+
+
+def classes_of(model: bytes, inputs: np.ndarray) -> list[int]:
+    """The classes the real ``model`` predicts for ``inputs``, run directly in onnxruntime."""
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    return [int(c) for c in np.argmax(session.run(None, {"input": inputs})[0], axis=1)]

@@ -36,6 +36,8 @@ from modelless.pools.reporting import INTERNAL_STATE_PATH
 from modelless.repository.local import LocalModelRepository
 from modelless.runtime import VariantRuntime
 from modelless.types import (
+    InstanceState,
+    InstanceStats,
     ModelRecord,
     Registration,
     RegistrationStatus,
@@ -274,6 +276,22 @@ def test_worker_report_endpoint_needs_the_admin_key(api: Api) -> None:
     key = api.create_app("digits")
     assert api.client.get("/v1/workers", headers=key).json()["workers"] == []  # none of its instances
     assert [w["worker_id"] for w in api.client.get("/v1/workers", headers=ADMIN).json()["workers"]] == ["w1"]
+
+
+def test_workers_show_each_instances_tuned_configuration_and_scale(api: Api) -> None:
+    tuned = InstanceStats(
+        "digits/m/v1", InstanceState.ACTIVE, qps=3.0, latency_p50_ms=2.0, latency_p99_ms=3.0, queue_length=0,
+        intra_threads=2, inter_threads=1, concurrency=2, latency_scale=1.25,
+    )  # fmt: skip
+    state = WorkerState("w1", "cpu", "http://w1", 0.1, 2, reported_at=1e12, instances=(tuned,))
+    assert api.client.post(INTERNAL_STATE_PATH, content=state.to_json(), headers=ADMIN).status_code == 204
+    key = api.create_app("digits")
+
+    for headers in (key, ADMIN):
+        (worker,) = api.client.get("/v1/workers", headers=headers).json()["workers"]
+        (shown,) = worker["instances"]
+        assert (shown["intra_threads"], shown["inter_threads"], shown["concurrency"]) == (2, 1, 2)
+        assert shown["latency_scale"] == 1.25
 
 
 def test_no_admin_key_configured_is_403(tmp_path: Path) -> None:

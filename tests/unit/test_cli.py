@@ -271,6 +271,17 @@ def test_parse_workers() -> None:
     assert parse("workers").app is None  # every worker, with the admin key
 
 
+def test_workers_lines_show_the_tuned_configuration_and_scale() -> None:
+    instance = {"variant_id": "digits/m/v1", "state": "active", "qps": 3.0}
+    assert cli._instance_summary(instance) == "digits/m/v1[active 3.0qps]"  # an older worker's report
+    untuned = {**instance, "intra_threads": 0, "inter_threads": 0, "concurrency": 0, "latency_scale": 0.0}
+    assert cli._instance_summary(untuned) == "digits/m/v1[active 3.0qps]"
+    unmeasured = {**untuned, "intra_threads": 2, "inter_threads": 1, "concurrency": 2}
+    assert cli._instance_summary(unmeasured) == "digits/m/v1[active 3.0qps tuned 2x1x2]"
+    measured = {**unmeasured, "latency_scale": 1.25}
+    assert cli._instance_summary(measured) == "digits/m/v1[active 3.0qps tuned 2x1x2 1.25x profile]"
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -20,9 +20,11 @@ from modelless.selection import (
     queue_wait_ms,
     unreachable_error,
 )
+from modelless.tuning.capacity import MAX_SCALE
 from modelless.types import (
     Decision,
     InstanceState,
+    InstanceStats,
     QueryTargets,
     Tier,
     VariantProfile,
@@ -210,6 +212,70 @@ def test_a_batching_instance_works_its_queue_off_a_batch_per_run(
 
     assert decision.expected_latency_ms == 7.5 + wait_ms
     assert queue_wait_ms(resnet_like(), queue_length, batch_limit) == wait_ms
+
+
+# --- Tuned instances (modelless.tuning): the latency the worker measured, not the profile's ------
+
+
+def tuned(instance: InstanceStats, latency_scale: float, concurrency: int = 1) -> InstanceStats:
+    """``instance`` as a worker reports it once its tuner measured it under a configuration."""
+    return dataclasses.replace(
+        instance, intra_threads=2, inter_threads=1, concurrency=concurrency, latency_scale=latency_scale
+    )
+
+
+def test_a_tuned_instance_measured_slower_is_skipped_when_its_scaled_latency_breaks_the_budget(
+    policy: InfaasPolicy,
+) -> None:
+    # 7.5 ms profiled, measured 2x slower: 15 ms > 10 ms, though the profile alone meets it.
+    workers = [make_worker("slow", tuned(make_instance("v"), 2.0)), make_worker("spare", free_slots=1)]
+
+    decision = policy.get_variant(targets(latency=10), [resnet_like(load_ms=1.0)], workers)
+
+    assert (decision.worker_id, decision.state) == ("spare", InstanceState.INACTIVE)
+
+
+def test_the_instance_measured_faster_is_preferred_and_its_expected_latency_scaled(
+    policy: InfaasPolicy,
+) -> None:
+    workers = [
+        make_worker("as-profiled", make_instance("v"), utilisation=0.0),
+        make_worker("faster", tuned(make_instance("v"), 0.5), utilisation=0.9),
+    ]
+
+    decision = policy.get_variant(targets(latency=50), [resnet_like()], workers)
+
+    assert (decision.worker_id, decision.state) == ("faster", InstanceState.ACTIVE)
+    assert decision.expected_latency_ms == 7.5 * 0.5
+
+
+def test_a_reported_scale_is_clamped_as_the_scaler_clamps_it(policy: InfaasPolicy) -> None:
+    workers = [make_worker("w1", tuned(make_instance("v"), 1000.0))]
+
+    decision = policy.get_variant(targets(), [resnet_like()], workers)
+
+    assert decision.expected_latency_ms == 7.5 * MAX_SCALE
+
+
+def test_concurrent_runs_shorten_a_tuned_instances_queue_wait(policy: InfaasPolicy) -> None:
+    # Six queued at one run at a time: 6 x 7 ms; two runs at once, each 1.5x slower: 3 x 10.5 ms.
+    workers = [make_worker("w1", tuned(queued("v", 6), 1.5, concurrency=2))]
+
+    decision = policy.get_variant(targets(latency=50), [resnet_like()], workers)
+
+    assert decision.expected_latency_ms == 7.5 * 1.5 + 3 * 7.0 * 1.5
+    assert queue_wait_ms(resnet_like(), 6, 1, 1.5, 2) == 3 * 7.0 * 1.5
+    assert queue_wait_ms(resnet_like(), 7, 1, 1.0, 2) == 4 * 7.0  # a round of two runs, rounded up
+
+
+def test_an_instance_not_yet_measured_is_taken_as_profiled(policy: InfaasPolicy) -> None:
+    # A configuration reported but no scale measured yet (0): the profile, its concurrency unused.
+    plain = [make_worker("w1", queued("v", 6))]
+    unmeasured = [make_worker("w1", tuned(queued("v", 6), 0.0, concurrency=4))]
+
+    assert policy.get_variant(targets(latency=50), [resnet_like()], unmeasured) == policy.get_variant(
+        targets(latency=50), [resnet_like()], plain
+    )
 
 
 def test_a_cheaper_queued_instance_within_the_budget_still_wins(policy: InfaasPolicy) -> None:

@@ -18,6 +18,7 @@ import pytest
 from infra.build.lambda_artifacts import load_template
 from infra.build.publish_worker import WheelError, check_wheel, deploy_files
 from modelless import __version__
+from modelless.tuning import POLICIES
 
 ROOT = Path(__file__).resolve().parents[2]
 AWS_DIR = ROOT / "infra" / "aws"
@@ -110,6 +111,16 @@ def test_every_setting_the_services_read_is_written_at_boot(pool: str) -> None:
         assert required <= defined, f"{script.name} requires {required - defined}"
     assert user_data_settings(pool)["MODELLESS_POOL"] == pool
     assert user_data_settings(pool)["MODELLESS_DEPLOY_URL"] == "s3://${ModelBucket}/deploy"
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_every_pool_launches_its_workers_tuning_as_the_template_says(pool: str) -> None:
+    parameter = template()["Parameters"]["WorkerTuning"]
+    assert parameter["Default"] == "region"  # as the local stack's workers (infra/local/stack.py)
+    assert set(parameter["AllowedValues"]) == {"off", *POLICIES}  # what --tune takes
+    assert user_data_settings(pool)["MODELLESS_WORKER_TUNING"] == "${WorkerTuning}"
+    command = exec_start(WORKER_UNIT)
+    assert command[command.index("--tune") + 1] == "${MODELLESS_WORKER_TUNING}"
 
 
 def test_the_worker_port_is_the_one_the_security_group_opens() -> None:

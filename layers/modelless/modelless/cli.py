@@ -629,13 +629,25 @@ def _cmd_allow_buckets(args: argparse.Namespace) -> None:
     print(f"app {args.app_id}: offline jobs may use {', '.join(buckets) or 'no bucket'}")
 
 
+def _instance_summary(instance: dict[str, Any]) -> str:
+    """``variant[state qps]``, with the parallelism its worker tuned it to (intra x inter threads,
+    runs at once) and its measured run time over the profile's, once reported (docs/TUNING.md)."""
+    summary = f"{instance['variant_id']}[{instance['state']} {instance['qps']:.1f}qps"
+    if instance.get("intra_threads", 0) > 0:
+        summary += (
+            f" tuned {instance['intra_threads']}x{instance.get('inter_threads', 1)}"
+            f"x{instance.get('concurrency', 1)}"
+        )
+        if instance.get("latency_scale", 0.0) > 0:
+            summary += f" {instance['latency_scale']:.2f}x profile"
+    return summary + "]"
+
+
 def _cmd_workers(args: argparse.Namespace) -> None:
     with _client(args) as client:
         # An app's key sees its own instances; without --app, the admin key sees every worker.
         for worker in client.workers(admin=args.app is None):
-            loaded = ", ".join(
-                f"{i['variant_id']}[{i['state']} {i['qps']:.1f}qps]" for i in worker["instances"]
-            )
+            loaded = ", ".join(_instance_summary(i) for i in worker["instances"])
             print(
                 f"{worker['worker_id']:12} {worker['pool']:10} util={worker['utilisation']:.2f} "
                 f"free={worker['free_slots']} {loaded}"

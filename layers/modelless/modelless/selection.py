@@ -30,6 +30,12 @@ more), run by run at the instance's batch size (``queue_wait_ms``). An instance 
 latency meets the budget but whose queue would break it is skipped, which INFaaS's profiled p99s
 alone would not see: at ~7 ms a query, seven queries ahead already break a 50 ms budget, before
 the instance counts as saturated (at eight, or two of its batches: ``monitoring.saturated_queue``).
+
+A worker that tunes its instances' parallelism (``modelless.tuning``) reports how each one's runs
+compare with its profile (``InstanceStats.latency_scale``) and how many it runs at once: an
+Active instance's latency, cost and queue wait are then the profile's scaled by that, and its
+queue drains that many runs at a time (``tuned_scale``). The scale is applied on the walk over
+the live instances only; the tables above hold the profiles as registered.
 """
 
 from __future__ import annotations
@@ -42,7 +48,16 @@ from typing import NamedTuple, Protocol, overload
 
 from modelless.exceptions import TargetsUnreachableError
 from modelless.pools.catalog import PoolKind, PoolSpec
-from modelless.types import Decision, InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
+from modelless.tuning.capacity import clamped_scale
+from modelless.types import (
+    Decision,
+    InstanceState,
+    InstanceStats,
+    QueryTargets,
+    Tier,
+    VariantProfile,
+    WorkerState,
+)
 
 
 @dataclass(frozen=True)
@@ -288,15 +303,29 @@ class Candidates(Sequence[VariantProfile]):
         return f"Candidates({list(self._variants)!r})"
 
 
-def queue_wait_ms(variant: VariantProfile, queued: int, batch_limit: int) -> float:
+def queue_wait_ms(
+    variant: VariantProfile, queued: int, batch_limit: int, latency_scale: float = 1.0, concurrency: int = 1
+) -> float:
     """What a query sent to an instance of ``variant`` waits for the ``queued`` requests ahead of
     it: ceil(queued / b) runs of the profiled median latency at b, b the rows the instance's
     batcher takes per run (``InstanceStats.batch_limit``; 1 when it does not batch), within the
-    variant's profiled batch sizes (the median of the next profiled size up)."""
+    variant's profiled batch sizes (the median of the next profiled size up). A tuned instance
+    (``tuned_scale``) runs ``concurrency`` of those runs at once, each ``latency_scale`` times
+    the profiled median."""
     if queued <= 0:
         return 0.0
     batch = min(max(1, batch_limit), variant.max_batch)
-    return math.ceil(queued / batch) * variant.median_ms(batch)
+    rounds = math.ceil(math.ceil(queued / batch) / max(1, concurrency))
+    return rounds * variant.median_ms(batch) * latency_scale
+
+
+def tuned_scale(instance: InstanceStats) -> tuple[float, int]:
+    """How an instance's runs compare with its profile's, as its worker's tuner measured them
+    (``InstanceStats.latency_scale``, clamped as the scaler clamps it), and the runs it takes at
+    once: (1.0, 1), the profile as registered, until a scale is measured."""
+    if instance.latency_scale <= 0:
+        return 1.0, 1
+    return clamped_scale(instance.latency_scale), max(1, instance.concurrency)
 
 
 def as_candidates(candidates: Sequence[VariantProfile]) -> Candidates:
@@ -361,17 +390,27 @@ class InfaasPolicy:
                 if state is not InstanceState.ACTIVE and (state is not InstanceState.OVERLOADED or on_lambda):
                     continue
                 scored = lookup(instance.variant_id)
+                if scored is None:
+                    continue
+                # A tuned instance runs as its worker measured it, not as profiled (the scale
+                # is applied here, per live instance: the tables hold the profiles as registered).
+                latency, cost = scored.latency_ms, scored.cost
+                scale, concurrency = tuned_scale(instance) if instance.latency_scale > 0 else (1.0, 1)
+                if scale != 1.0:
+                    latency *= scale
+                    cost = scored.variant.price_per_second * latency / 1000.0 + scored.variant.request_price
                 if (
-                    scored is None
-                    or not scored.latency_ms <= budget
+                    not latency <= budget
                     or not scored.variant.accuracy >= min_accuracy
                     or (model_name is not None and scored.variant.model_name != model_name)
                 ):
                     continue
                 queued = instance.queue_length
-                expected = scored.latency_ms
+                expected = latency
                 if queued > 0:
-                    expected += queue_wait_ms(scored.variant, queued, instance.batch_limit)
+                    expected += queue_wait_ms(
+                        scored.variant, queued, instance.batch_limit, scale, concurrency
+                    )
                 if state is InstanceState.OVERLOADED:
                     # Skipped (INFaaS), unless nothing meets the budget and nothing new can start
                     # (below): then its queue is the quickest way to an answer.
@@ -384,7 +423,6 @@ class InfaasPolicy:
                     if queued_out is None or late[:2] < queued_out[:2]:
                         queued_out = late
                     continue
-                cost = scored.cost
                 if on_lambda and not self._is_lambda(scored.variant.pool):
                     # A worker variant spilled to the Lambda tier runs at Lambda's price there.
                     cost = self._lambda_cost(scored.variant, targets.batch)
@@ -399,7 +437,7 @@ class InfaasPolicy:
                 key = (
                     cold_risk,
                     cost,
-                    scored.latency_ms,
+                    latency,
                     queued,
                     agreement,
                     worker.utilisation,

@@ -9,23 +9,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from modelless.tuning.base import Observation, ParallelConfig, Tried, score
+from modelless.tuning.base import GridTuner, LevelState, Observation, ParallelConfig
 
 DEFAULT_EXPLORATION = 0.05  # about the noise of a window's violation rate
 DEFAULT_PATIENCE = 3
 
 
 @dataclass
-class _Level:
-    tried: dict[ParallelConfig, Tried] = field(default_factory=dict)
-    trials: int = 0
-    streak: tuple[ParallelConfig | None, int] = (None, 0)
-    converged: bool = False
+class _Level(LevelState):
+    streak: tuple[ParallelConfig | None, int] = (None, 0)  # the arm chosen last, how often in a row
 
 
-class UcbTuner:
+class UcbTuner(GridTuner[_Level]):
     name = "ucb"
 
     def __init__(
@@ -36,22 +33,16 @@ class UcbTuner:
         exploration: float = DEFAULT_EXPLORATION,
         patience: int = DEFAULT_PATIENCE,
     ) -> None:
-        if not space:
-            raise ValueError("the configuration space is empty")
-        self.space = sorted(set(space))
-        self.start = start if start in self.space else self.space[0]
+        super().__init__(space, start)
         self.exploration = exploration
         self.patience = patience
-        self._levels: dict[int, _Level] = {}
 
-    def _level(self, level: int) -> _Level:
-        return self._levels.setdefault(level, _Level())
+    def new_state(self) -> _Level:
+        return _Level()
 
     def observe(self, level: int, config: ParallelConfig, observation: Observation) -> None:
         state = self._level(level)
-        state.tried.setdefault(config, Tried()).add(score(observation))
-        if not state.converged:
-            state.trials += 1
+        state.record(config, observation)
         previous, count = state.streak
         state.streak = (config, count + 1 if config == previous else 1)
         best = self.best(level)
@@ -79,15 +70,3 @@ class UcbTuner:
                 c,
             ),
         )
-
-    def best(self, level: int) -> ParallelConfig | None:
-        tried = self._level(level).tried
-        if not tried:
-            return None
-        return min(tried, key=lambda c: (tried[c].mean, c.threads, c))
-
-    def converged(self, level: int) -> bool:
-        return self._level(level).converged
-
-    def trials(self, level: int) -> int:
-        return self._level(level).trials

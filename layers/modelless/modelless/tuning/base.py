@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 # The objective is "fewest SLO violations, then least CPU": a query's violation counts fully, and
 # CPU only as a tie-breaker between configurations whose violation rates are within a few percent
@@ -195,3 +195,59 @@ class Tried:
     def add(self, value: float) -> None:
         self.count += 1
         self.mean += (value - self.mean) / self.count
+
+
+@dataclass
+class LevelState:
+    """What a grid policy knows at one load level: every configuration tried and its running
+    score, the windows observed before the search converged, and whether it has."""
+
+    tried: dict[ParallelConfig, Tried] = field(default_factory=dict)
+    trials: int = 0
+    converged: bool = False
+
+    def record(self, config: ParallelConfig, observation: Observation) -> None:
+        self.tried.setdefault(config, Tried()).add(score(observation))
+        if not self.converged:
+            self.trials += 1
+
+    def best(self) -> ParallelConfig | None:
+        """The best configuration tried (least score; fewer threads, then the grid's order, on a tie)."""
+        if not self.tried:
+            return None
+        return min(self.tried, key=lambda c: (self.tried[c].mean, c.threads, c))
+
+
+State = TypeVar("State", bound=LevelState)
+
+
+class GridTuner(Generic[State]):
+    """What every ``TunerPolicy`` over a configuration grid shares: the space, where it starts,
+    and one ``State`` per load level (``new_state`` makes one)."""
+
+    name = "grid"
+
+    def __init__(self, space: Sequence[ParallelConfig], start: ParallelConfig) -> None:
+        if not space:
+            raise ValueError("the configuration space is empty")
+        self.space = sorted(set(space))
+        self.start = start if start in self.space else self.space[0]
+        self._levels: dict[int, State] = {}
+
+    def new_state(self) -> State:
+        raise NotImplementedError
+
+    def _level(self, level: int) -> State:
+        state = self._levels.get(level)
+        if state is None:
+            state = self._levels[level] = self.new_state()
+        return state
+
+    def best(self, level: int) -> ParallelConfig | None:
+        return self._level(level).best()
+
+    def converged(self, level: int) -> bool:
+        return self._level(level).converged
+
+    def trials(self, level: int) -> int:
+        return self._level(level).trials

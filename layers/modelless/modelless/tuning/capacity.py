@@ -21,6 +21,11 @@ from modelless.types import VariantProfile, WorkerState
 MIN_SCALE, MAX_SCALE = 0.1, 10.0
 
 
+def clamped_scale(latency_scale: float) -> float:
+    """A reported latency scale within the bounds it is trusted in (``MIN_SCALE``..``MAX_SCALE``)."""
+    return min(MAX_SCALE, max(MIN_SCALE, latency_scale))
+
+
 @dataclass(frozen=True)
 class TunedCapacity:
     config: ParallelConfig
@@ -44,7 +49,7 @@ def reported_tuning(workers: Iterable[WorkerState]) -> dict[str, TunedCapacity]:
         configs = [config for config, _ in reports]
         common = max(set(configs), key=lambda c: (configs.count(c), c))
         scale = sum(s for _, s in reports) / len(reports)
-        tuned[variant_id] = TunedCapacity(common, min(MAX_SCALE, max(MIN_SCALE, scale)))
+        tuned[variant_id] = TunedCapacity(common, clamped_scale(scale))
     return tuned
 
 

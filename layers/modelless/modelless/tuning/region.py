@@ -31,11 +31,10 @@ and a deterministic search is one a test can pin down.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from modelless.tuning.base import Observation, ParallelConfig, Tried, distance, score
+from modelless.tuning.base import GridTuner, LevelState, Observation, ParallelConfig, distance
 
 DEFAULT_RADIUS = 1.0  # one doubling of one knob
 DEFAULT_ESTIMATE_RADIUS = 2.0
@@ -44,14 +43,7 @@ DEFAULT_CONFIRMATIONS = 2
 RIDGE = 0.1
 
 
-@dataclass
-class _Level:
-    tried: dict[ParallelConfig, Tried] = field(default_factory=dict)
-    trials: int = 0  # windows observed before the search converged
-    converged: bool = False
-
-
-class RegionTuner:
+class RegionTuner(GridTuner[LevelState]):
     name = "region"
 
     def __init__(
@@ -64,24 +56,18 @@ class RegionTuner:
         margin: float = DEFAULT_MARGIN,
         confirmations: int = DEFAULT_CONFIRMATIONS,
     ) -> None:
-        if not space:
-            raise ValueError("the configuration space is empty")
-        self.space = sorted(set(space))
-        self.start = start if start in self.space else self.space[0]
+        super().__init__(space, start)
         self.radius = radius
         self.estimate_radius = estimate_radius
         self.margin = margin
         self.confirmations = max(1, confirmations)
-        self._levels: dict[int, _Level] = {}
 
-    def _level(self, level: int) -> _Level:
-        return self._levels.setdefault(level, _Level())
+    def new_state(self) -> LevelState:
+        return LevelState()
 
     def observe(self, level: int, config: ParallelConfig, observation: Observation) -> None:
         state = self._level(level)
-        state.tried.setdefault(config, Tried()).add(score(observation))
-        if not state.converged:
-            state.trials += 1
+        state.record(config, observation)
         state.converged = self._next_candidate(state) is None
 
     def propose(self, level: int) -> ParallelConfig:
@@ -96,18 +82,6 @@ class RegionTuner:
             return best
         return candidate
 
-    def best(self, level: int) -> ParallelConfig | None:
-        tried = self._level(level).tried
-        if not tried:
-            return None
-        return min(tried, key=lambda c: (tried[c].mean, c.threads, c))
-
-    def converged(self, level: int) -> bool:
-        return self._level(level).converged
-
-    def trials(self, level: int) -> int:
-        return self._level(level).trials
-
     def estimate(self, level: int, config: ParallelConfig) -> float | None:
         """The config's score: its mean if tried, else the regional plane's value (None when no
         tried configuration is within ``estimate_radius``)."""
@@ -117,7 +91,7 @@ class RegionTuner:
         return self._regional(state, config)
 
     def _regional(
-        self, state: _Level, config: ParallelConfig, anchor: ParallelConfig | None = None
+        self, state: LevelState, config: ParallelConfig, anchor: ParallelConfig | None = None
     ) -> float | None:
         """The plane's value at ``config`` (see the module docstring); the anchor is the best
         tried configuration in its region unless given."""
@@ -138,10 +112,11 @@ class RegionTuner:
         slopes = np.linalg.solve(x.T @ x + RIDGE * np.eye(x.shape[1]), x.T @ y)
         return max(0.0, float(base + slopes @ (np.array(config.coordinates()) - origin)))
 
-    def _next_candidate(self, state: _Level) -> ParallelConfig | None:
+    def _next_candidate(self, state: LevelState) -> ParallelConfig | None:
         if not state.tried:
             return self.start
-        best = min(state.tried, key=lambda c: (state.tried[c].mean, c.threads, c))
+        best = state.best()
+        assert best is not None
         best_score = state.tried[best].mean
         ranked: list[tuple[float, float, int, ParallelConfig]] = []
         for config in self.space:
