@@ -16,15 +16,14 @@ not one per query; the caller answers such a query as a miss.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import ClassVar, TypeVar
 
 import redis
 
 from modelless.cache.base import CacheStats
 from modelless.metadata.keys import KeySpace
-from modelless.metadata.redis import UNREACHABLE_ERRORS, _Outage, _where, connect
+from modelless.metadata.redis import _Outage, _where, connect, outage_checked
 
 T = TypeVar("T")
 
@@ -82,20 +81,6 @@ return evicted
 """
 
 
-def _outage_checked(method: Callable[..., T]) -> Callable[..., T]:
-    """Fail at once during a known outage; an unreachable Redis starts one (StoreUnavailableError)."""
-
-    @functools.wraps(method)
-    def call(self: RedisPredictionCache, *args: Any, **kwargs: Any) -> T:
-        self._outage.check()
-        try:
-            return method(self, *args, **kwargs)
-        except UNREACHABLE_ERRORS as error:
-            raise self._outage.began(error) from error
-
-    return call
-
-
 class RedisPredictionCache:
     kind: ClassVar[str] = "redis"
 
@@ -116,14 +101,14 @@ class RedisPredictionCache:
     def _fixed_keys(self) -> list[str]:
         return [self.keys.prediction_lru(), self.keys.prediction_clock()]
 
-    @_outage_checked
+    @outage_checked
     def get(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
         found = self._get(keys=[*self._fixed_keys(), *(self.keys.prediction(k) for k in keys)])
         return [value if isinstance(value, bytes) else None for value in found]
 
-    @_outage_checked
+    @outage_checked
     def put(self, entries: Mapping[str, bytes]) -> None:
         if not entries:
             return
@@ -136,7 +121,7 @@ class RedisPredictionCache:
             args=[self.max_bytes, len(self.keys.prediction("").encode()), *entries.values()],
         )
 
-    @_outage_checked
+    @outage_checked
     def record(self, hits: int, misses: int) -> None:
         with self._redis.pipeline(transaction=False) as pipe:
             if hits:
@@ -145,7 +130,7 @@ class RedisPredictionCache:
                 pipe.hincrby(self.keys.prediction_stats(), "misses", misses)
             pipe.execute()
 
-    @_outage_checked
+    @outage_checked
     def stats(self) -> CacheStats:
         with self._redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(self.keys.prediction_stats())
@@ -165,7 +150,7 @@ class RedisPredictionCache:
             self.max_bytes,
         )
 
-    @_outage_checked
+    @outage_checked
     def clear(self) -> None:
         entries = self.keys.prediction("*")
         for batch in _batched(self._redis.scan_iter(match=entries, count=1000), 1000):

@@ -47,6 +47,7 @@ UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (redis.ConnectionError, redis.
 OUTAGE_PROBE_PERIOD_S = 0.5
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class _Outage:
@@ -117,13 +118,18 @@ def _translating_outages(cls: type[T]) -> type[T]:
     class as a whole so that methods added later are covered too."""
     for name, member in list(vars(cls).items()):
         if not name.startswith("_") and name != "close" and inspect.isfunction(member):
-            setattr(cls, name, _translated(member))
+            setattr(cls, name, outage_checked(member))
     return cls
 
 
-def _translated(method: Callable[..., Any]) -> Callable[..., Any]:
+def outage_checked(method: Callable[..., R]) -> Callable[..., R]:
+    """``method`` of an object over Redis with an ``_Outage`` (``self._outage``): it fails at once
+    during a known outage, and an unreachable Redis starts one (StoreUnavailableError, never
+    redis-py's errors). The metadata store applies it to every public method; other stores on the
+    same Redis (the prediction cache) to theirs."""
+
     @functools.wraps(method)
-    def call(self: RedisMetadataStore, *args: Any, **kwargs: Any) -> Any:
+    def call(self: Any, *args: Any, **kwargs: Any) -> R:
         self._outage.check()
         try:
             return method(self, *args, **kwargs)
