@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
+from modelless.dispatch import Dispatcher
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
@@ -25,7 +26,10 @@ from modelless.query_load import QueryGroup
 from modelless.repository.local import LocalModelRepository
 from modelless.runtime import outputs_of
 from modelless.scaling.controller import Scaler, ScalerConfig
+from modelless.selection import InfaasPolicy
 from modelless.tuning.base import ParallelConfig
+from modelless.tuning.capacity import clamped_scale
+from modelless.types import QueryTargets
 from tests.functional.workers_kit import (
     APP,
     ARTIFACT_KEY,
@@ -251,7 +255,20 @@ def test_a_tuning_worker_tunes_under_load_and_the_scaler_plans_with_what_it_reac
     [latest] = reported_now.instances
     threads = latest.intra_threads * latest.inter_threads * latest.concurrency
     assert planned.demand["vcpu"] == threads
-    assert snapshot.profiles[VARIANT.variant_id].latency_p99_ms[1] == pytest.approx(
-        VARIANT.latency_p99_ms[1] * min(10.0, max(0.1, latest.latency_scale)), rel=1e-3
-    )
+    scaled_p99 = VARIANT.latency_p99_ms[1] * clamped_scale(latest.latency_scale)
+    assert snapshot.profiles[VARIANT.variant_id].latency_p99_ms[1] == pytest.approx(scaled_p99, rel=1e-3)
+
+    # ...and so does a gateway's selection: a query sent to the tuned instance expects its runs
+    # as measured, not as profiled. Once the worker's reports show nothing queued (the load has
+    # stopped; its monitor's window lags by a few seconds), that is the scaled p99 alone.
+    def idle() -> bool:
+        state = reported(redis_store, "tuning-live")
+        return state is not None and all(i.queue_length == 0 for i in state.instances)
+
+    wait_for(idle, 15.0, "the worker's reports to show its queue empty")
+    dispatcher = Dispatcher(redis_store, InfaasPolicy(DEFAULT_POOLS), HttpWorkerInvoker(), None)
+    budget_ms = VARIANT.latency_p99_ms[1] * 20  # beyond the clamp: the instance qualifies at any scale
+    decision = dispatcher.select(QueryTargets(VARIANT.app_id, budget_ms, 0.0, VARIANT.model_name, 1))
+    assert decision.worker_id == "tuning-live" and decision.variant.variant_id == VARIANT.variant_id
+    assert decision.expected_latency_ms == pytest.approx(scaled_p99, rel=1e-3)
     assert config.threads >= 1
