@@ -115,6 +115,18 @@ def accuracy_of(
     return float(hits.mean())
 
 
+def top5_near_ties(artifact: bytes, valset: bytes, start: int = CALIBRATION) -> int:
+    """Scored examples whose 5th and 6th best scores differ by no more than float rounding (of
+    the scores' own magnitude), at every batch size registration scores in."""
+    inputs, _ = valset_arrays(valset)
+    ties = np.zeros(len(inputs) - start, dtype=bool)
+    for batch in (1, LARGEST_BATCH):
+        logits = np.sort(logits_of(artifact, inputs[start:], batch), axis=1)[:, ::-1]
+        gap = logits[:, 4] - logits[:, 5]
+        ties |= gap <= 1e-5 * np.maximum(1.0, np.abs(logits).max(axis=1))
+    return int(ties.sum())
+
+
 def loads_on_cpu(artifact: bytes) -> bool:
     try:
         ort.InferenceSession(artifact, providers=["CPUExecutionProvider"])
@@ -506,7 +518,11 @@ def test_top5_registration_measures_top5_accuracy(
         assert variant.accuracy_metric == "top5"
         assert variant.accuracy_examples == SCORED
         expected = served_accuracy(artifact, variant.precision, valset, "top5")
-        assert variant.accuracy == pytest.approx(expected, abs=1e-6)
+        # Registration scores in a process of its own, on the variant's threads: an example whose
+        # 5th and 6th scores are equal, or a rounding error apart (INT8 outputs tie outright), may
+        # rank either way there and here.
+        ties = top5_near_ties(artifact, valset)
+        assert abs(variant.accuracy - expected) <= ties / SCORED + 1e-6, (variant.variant_id, ties)
         assert variant.accuracy >= top1
         strictly_better += variant.accuracy > top1
     assert strictly_better == len(variants)  # the linear model misses some top-1 but few top-5
