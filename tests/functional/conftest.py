@@ -15,6 +15,7 @@ from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
+from modelless.pools.processes import ChildProcess
 from modelless.repository.local import LocalModelRepository
 from tests.functional.offline_fixtures import buckets, event_queue, served  # noqa: F401 (offline jobs)
 from tests.functional.workers_kit import ARTIFACT_KEY, Setup, make_tier, report_url_of, worker_pool
@@ -87,3 +88,16 @@ def single_tier(setup: Setup) -> Iterator[LocalLambdaTier]:
         yield lambda_tier
     finally:
         lambda_tier.close()
+
+
+@pytest.fixture
+def spawned() -> Iterator[list[ChildProcess]]:
+    """Worker processes a test starts itself (``spawn``): each stopped after the test, and none
+    may outlive it."""
+    children: list[ChildProcess] = []
+    try:
+        yield children
+    finally:
+        for child in children:
+            child.stop()
+        assert all(not child.alive() for child in children), "a worker process outlived its test"

@@ -153,17 +153,6 @@ def spawn_worker(setup: Setup, name: str, *extra: str) -> ChildProcess:
     )
 
 
-@pytest.fixture
-def spawned() -> Iterator[list[ChildProcess]]:
-    children: list[ChildProcess] = []
-    try:
-        yield children
-    finally:
-        for child in children:
-            child.stop()
-        assert all(not child.alive() for child in children), "a worker process outlived its test"
-
-
 # --- concurrent callers -----------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ Every wait is bounded; every worker is stopped by its fixture.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,17 +63,6 @@ SWITCHES = [
 def repository_url(tmp_path: Path) -> str:
     LocalModelRepository(tmp_path / "repo").put(ARTIFACT_KEY, linear_model())
     return str(tmp_path / "repo")
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[ChildProcess]]:
-    children: list[ChildProcess] = []
-    try:
-        yield children
-    finally:
-        for child in children:
-            child.stop()
-        assert all(not child.alive() for child in children), "a worker process outlived its test"
 
 
 def start(
