@@ -4,7 +4,8 @@ InferLine's two baselines, on the real zoo's profiles, in a discrete-event simul
 Two pipelines over the real zoo (``bench.real_zoo``'s cached profiles: CPU and Lambda measured
 here, GPU and Inferentia derived): **sequential** (MobileNetV3-small, then ResNet-50 on every
 query) and **cascade** (ResNet-18, then ResNet-50 only when ResNet-18 is unsure: a conditional
-branch taken by ``BRANCH_P`` of the queries, drawn per query). Three arrival processes at the
+branch taken, per query, with the probability ``measured_branches`` measures: the share of
+held-out test images ResNet-18's real model is unsure of). Three arrival processes at the
 same mean rate: the Azure conversation trace (``../shared/traces/``, replayed at the mean) and
 Gamma renewals of CV 1 (Poisson) and CV 4 (bursty).
 
@@ -53,7 +54,10 @@ from sim.traces import TRACE_PATH, ArrivalTimes, gamma_arrivals, load_arrival_ti
 
 PART = "pipelines"
 ZOO_MODELS = ("mobilenetv3_small_100", "resnet18", "resnet50")
-BRANCH_P = 0.3  # the cascade's share of queries ResNet-18 is unsure of
+# The cascade's share of queries ResNet-18 is unsure of, where it cannot be measured (the zoo's
+# model file is not built here): ``measured_branches`` measures it from the real model.
+BRANCH_P = 0.3
+MEASURE_ROWS = 400  # held-out test images the branch probability is measured on
 SYSTEMS = ("inferline", "coarse", "peak")
 COLOURS = {"inferline": "tab:green", "coarse": "tab:orange", "peak": "tab:blue"}
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
@@ -122,6 +126,46 @@ def zoo_profiles(state_dir: Path) -> list[VariantProfile]:
             raise SystemExit(f"the real zoo's {name} is not registered: run `scripts/bench real-zoo` first")
         profiles += entry.profiles
     return profiles
+
+
+def measured_branches(
+    spec: PipelineSpec, zoo_root: Path, rows: int = MEASURE_ROWS
+) -> tuple[dict[str, float], list[str]]:
+    """Per conditional edge, the share of the zoo's held-out test images on which its condition
+    holds for its source stage's real model (the zoo's ONNX file, run by onnxruntime): the
+    branch probability the gateway would measure. An edge whose source model is not built here
+    keeps ``BRANCH_P``, and the notes say so."""
+    import onnxruntime as ort
+
+    from infra.zoo.real import MODEL_FILE, TESTSET, read_split
+    from modelless.pipelines.spec import ConditionKind
+
+    branches: dict[str, float] = {}
+    notes: list[str] = []
+    for edge in spec.edges:
+        if edge.when.kind is ConditionKind.ALWAYS:
+            continue
+        model = spec.stage(edge.source).model
+        directory = zoo_root / model
+        if not (directory / MODEL_FILE).is_file() or not (directory / TESTSET).is_file():
+            branches[edge.key] = BRANCH_P
+            notes.append(
+                f"{spec.name} {edge.key}: assumed {BRANCH_P:.0%} ({model} is not built in {zoo_root}: "
+                f"`python -m infra.zoo.real --only {model}`)"
+            )
+            continue
+        images = read_split(directory / TESTSET, rows)["inputs"]
+        session = ort.InferenceSession(str(directory / MODEL_FILE), providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        scores = np.concatenate(
+            [session.run(None, {name: images[i : i + 16]})[0] for i in range(0, len(images), 16)]
+        )
+        branches[edge.key] = float(edge.when.holds_per_row(scores).mean())
+        notes.append(
+            f"{spec.name} {edge.key}: measured {branches[edge.key]:.1%} on {len(images)} held-out "
+            f"test images through {model}'s ONNX model"
+        )
+    return branches, notes
 
 
 def traces(plan: Plan) -> dict[str, ArrivalTimes]:
@@ -680,8 +724,11 @@ def markdown(
     command: str,
     plots: list[str],
     took: float,
+    sources: Sequence[str] = (),
 ) -> str:
+    """``sources``: where the profiles and branch probabilities came from, one line each."""
     images = "\n".join(f"![{name}]({name})" for name in plots)
+    where = "".join(f"\n- {line}" for line in sources)
     configurations = "\n".join(
         f"- {where.split('/')[0]}, {system}: "
         + "; ".join(f"{stage}: {what}" for stage, what in stages.items())
@@ -693,7 +740,7 @@ def markdown(
 Machine: `{machine()}`. Reproduce: `{command}` ({took:.0f} s, simulated).
 
 Two pipelines over the real zoo's profiles (sequential: MobileNetV3-small then ResNet-50;
-cascade: ResNet-18, then ResNet-50 for the {BRANCH_P:.0%} of queries it is unsure of), SLO
+cascade: ResNet-18, then ResNet-50 for the queries it is unsure of: confidence below 0.8), SLO
 {plan.slo_ms:g} ms end to end, {plan.mean_qps:g} QPS on average for {plan.duration_s / 60:g} min
 of each arrival process, on the {", ".join(plan.pools)} pool(s) (CPU profiles measured on this
 machine); replicas serve {plan.activation_s:g} s after they are asked for, and are billed as the
@@ -703,6 +750,7 @@ second; **coarse**: the SLO split by the stages' fastest p99, each stage planned
 alone on its 10 s mean rate; **peak**: the planner's plan for the busiest 10 s, static.
 Costs are what each system's replicas cost (starting ones included) at their pools' prices;
 SLO attainment is the share of queries answered end to end within the SLO (bench/pipelines.py).
+Inputs: the real zoo's registered profiles.{where}
 
 {markdown_table(list(rows[0]), [list(r.values()) for r in rows])}
 
@@ -769,9 +817,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {machine()}", flush=True)
     started = time.perf_counter()
     profiles = zoo_profiles(args.state_dir)
+    sources: list[str] = []
     results: dict[str, dict[str, dict[str, Outcome]]] = {}
     configs: dict[str, Any] = {}
     for name, (spec, branches) in pipelines(plan.slo_ms).items():
+        measured, notes = measured_branches(spec, args.state_dir / "zoo-real")
+        branches = {**branches, **measured}
+        sources += [f"branch probability: {note}" for note in notes]
+        print(*notes, sep="\n", flush=True)
         results[name] = {}
         for trace, arrivals in traces(plan).items():
             results[name][trace] = run_one(spec, branches, profiles, arrivals, plan)
@@ -805,7 +858,8 @@ def main(argv: list[str] | None = None) -> None:
         },
         "headlines": [headline(rows)],
     }
-    write_fragment(args.out_dir, PART, markdown(rows, plan, first, command, plots, took), data)
+    data["sources"] = sources
+    write_fragment(args.out_dir, PART, markdown(rows, plan, first, command, plots, took, sources), data)
     print(headline(rows), flush=True)
 
 

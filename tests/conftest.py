@@ -2,7 +2,11 @@
 
 - ``MODELLESS_TEST_REDIS_URL``: a real Redis (tests use their own database and a unique key
   prefix per test, and delete what they wrote);
-- ``MODELLESS_TEST_AWS_ENDPOINT``: moto's server, an emulated AWS HTTP endpoint.
+- ``MODELLESS_TEST_AWS_ENDPOINT``: moto's server, an emulated AWS HTTP endpoint; or a LocalStack,
+  with ``MODELLESS_TEST_AWS_BACKEND=localstack`` (scripts/test-localstack). Against LocalStack only
+  the tests marked ``localstack`` run (those of the services it emulates without Docker); against
+  moto every test runs but those marked ``localstack(moto=False)`` (what moto cannot do, such as
+  firing a scheduled EventBridge rule). Both are deselections, listed in pytest's summary.
 
 Without them, tests that need them skip, unless ``MODELLESS_REQUIRE_SERVICES=1`` (set by
 scripts/test and so CI), where a missing service is a failure, never a silent skip.
@@ -37,6 +41,36 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
 # one input twice would test the cache instead. Off, unless a test turns it on (the tests of the
 # cache itself: tests/*/test_prediction_cache.py); child processes inherit it.
 os.environ.setdefault("MODELLESS_PREDICTION_CACHE_ENABLED", "false")
+
+
+AWS_BACKENDS = ("moto", "localstack")
+
+
+def aws_backend() -> str:
+    """The AWS emulator ``MODELLESS_TEST_AWS_ENDPOINT`` is: moto's server unless
+    ``MODELLESS_TEST_AWS_BACKEND`` says ``localstack``."""
+    backend = os.environ.get("MODELLESS_TEST_AWS_BACKEND", "moto")
+    if backend not in AWS_BACKENDS:
+        raise pytest.UsageError(f"MODELLESS_TEST_AWS_BACKEND must be one of {AWS_BACKENDS}, got {backend!r}")
+    return backend
+
+
+def runs_against(item: pytest.Item, backend: str) -> bool:
+    marker = item.get_closest_marker("localstack")
+    if backend == "localstack":
+        return marker is not None
+    return marker is None or bool(marker.kwargs.get("moto", True))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    backend = aws_backend()
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        (kept if runs_against(item, backend) else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)
@@ -105,6 +139,10 @@ def any_store(request: pytest.FixtureRequest) -> Iterator[object]:
 def aws_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
     endpoint = service_url("MODELLESS_TEST_AWS_ENDPOINT")
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    if aws_backend() == "localstack":
+        # The code under test makes its clients as a deployment pointed at a LocalStack does
+        # (modelless.aws_clients: localstack-client's session); child processes inherit it.
+        monkeypatch.setenv("MODELLESS_AWS", "localstack")
     return endpoint
 
 

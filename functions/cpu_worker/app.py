@@ -16,7 +16,7 @@ from aws_lambda_powertools.utilities.data_classes import event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from modelless.config import get_settings
-from modelless.entrypoints.cpu_worker import CpuWorker, logger, metrics
+from modelless.entrypoints.cpu_worker import CpuWorker, logger, metrics, tracer
 from modelless.lambda_events import InvocationEvent
 
 # Created once per container: every warm invocation reuses the loaded sessions.
@@ -25,6 +25,7 @@ worker = CpuWorker.from_settings(get_settings(), IMPORT_STARTED)
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(correlation_id_path="correlation_id", log_event=False)
+@tracer.capture_lambda_handler(capture_response=False)  # replies too large for X-Ray metadata
 @event_source(data_class=InvocationEvent)
 def handler(event: InvocationEvent, context: LambdaContext) -> dict[str, Any]:
     return worker.handle(event)

@@ -10,12 +10,13 @@ from typing import Any
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from modelless.config import get_settings
-from modelless.entrypoints.offline import CORRELATION_ID_PATH, OfflineFunction, logger, metrics
+from modelless.entrypoints.offline import CORRELATION_ID_PATH, OfflineFunction, logger, metrics, tracer
 
 offline = OfflineFunction.from_settings(get_settings())
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(correlation_id_path=CORRELATION_ID_PATH, log_event=False)
+@tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return offline.handle(event, context)

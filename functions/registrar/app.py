@@ -11,7 +11,7 @@ from aws_lambda_powertools.utilities.data_classes import event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from modelless.config import get_settings
-from modelless.entrypoints.registrar import Registrar, logger, metrics
+from modelless.entrypoints.registrar import Registrar, logger, metrics, tracer
 from modelless.lambda_events import RegistrationEvent
 
 registrar = Registrar.from_settings(get_settings())
@@ -19,6 +19,7 @@ registrar = Registrar.from_settings(get_settings())
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(correlation_id_path="correlationId || registrationId", log_event=True)
+@tracer.capture_lambda_handler
 @event_source(data_class=RegistrationEvent)
 def handler(event: RegistrationEvent, context: LambdaContext) -> dict[str, Any]:
     return registrar.handle(event)

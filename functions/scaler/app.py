@@ -11,13 +11,14 @@ from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from modelless.config import get_settings
-from modelless.entrypoints.scaler import ScalerFunction, logger, metrics
+from modelless.entrypoints.scaler import ScalerFunction, logger, metrics, tracer
 
 scaler = ScalerFunction.from_settings(get_settings())
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(log_event=False)
+@tracer.capture_lambda_handler
 @event_source(data_class=EventBridgeEvent)
 def handler(event: EventBridgeEvent, context: LambdaContext) -> dict[str, Any]:
     return scaler.handle(event, context)

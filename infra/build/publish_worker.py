@@ -37,8 +37,8 @@ AWS_DIR = ROOT / "infra" / "aws"
 DEPLOY_PREFIX = "deploy/"
 WHEELS_PREFIX = f"{DEPLOY_PREFIX}wheels/"
 # What the wheel is built from: pyproject.toml's packages found in this copy, modelless alone (the
-# worker needs no variants/: it never generates variants).
-WHEEL_SOURCES = ("pyproject.toml", "layers/modelless/modelless")
+# worker needs no variants/: it never generates variants), and the LICENSE and README it names.
+WHEEL_SOURCES = ("pyproject.toml", "LICENSE", "README.md", "layers/modelless/modelless")
 CONSTRAINTS = ROOT / "constraints.txt"
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from infra.local.stack import GracefulServer, refusing_to_start, serve, start_stack
+from infra.local.stack import STATE_FILE, GracefulServer, refusing_to_start, serve, start_stack
 from modelless.cli import format_table, load_app_key, progress_bar, save_app_key, variant_rows
 from modelless.client import Client, ModellessClientError
 from modelless.observability import logger as gateway_logger
@@ -278,6 +278,13 @@ def run_real_zoo_demo(url: str, admin_key: str, root: Path) -> None:
         f"\nserving on {url} — try: .venv/bin/modelless variants --app {first}   (Ctrl-C stops)",
         flush=True,
     )
+    print(dashboard_hint(url), flush=True)
+
+
+def dashboard_hint(url: str) -> str:
+    """Where the live dashboard is (docs/OPERATIONS.md), and the key it asks for; the key itself
+    is not printed (a terminal's scrollback outlives the stack)."""
+    return f"dashboard: {url}/dashboard   (its key: admin_key in the state dir's {STATE_FILE}, or an app's)"
 
 
 def run_demo(
@@ -318,6 +325,7 @@ def run_demo(
             f"\nserving on {url} — try: .venv/bin/modelless variants --app {main_app}   (Ctrl-C stops)",
             flush=True,
         )
+        print(dashboard_hint(url), flush=True)
     except Exception as error:  # the demo failing must not leave the server up silently
         failures.append(f"{type(error).__name__}: {error}")
         print(f"demo failed: {failures[-1]}", flush=True)

@@ -36,10 +36,12 @@ from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.observability import logger
 from modelless.offline.events import S3JobStarter, SqsEventPoller, s3_records
 from modelless.offline.service import ThreadLauncher
+from modelless.pipelines.autopilot import PipelineAutopilot
 from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
-from modelless.scaling.controller import Scaler, ScalerConfig
+from modelless.prometheus import record_scaling
+from modelless.scaling.controller import Scaler, ScalerConfig, record_plan
 from modelless.tuning import POLICIES
 
 STATE_FILE = "stack.json"
@@ -118,7 +120,10 @@ class LocalStack:
         def loop() -> None:
             while not self._stop.wait(period_s):
                 try:
-                    report = scaler.tick()
+                    now = time.time()
+                    report = scaler.tick(now)
+                    record_plan(self.services.store, report, now)  # the dashboard shows it
+                    record_scaling(report)  # GET /metrics (modelless.prometheus)
                     if report.plan.unmet or report.held or any(report.plan.lambda_qps.values()):
                         logger.info("scaling tick", extra=report.summary())
                 except Exception:
@@ -297,6 +302,8 @@ def start_stack(
         provider,
         services.pools,
         ScalerConfig(window_s=10, min_workers={CPU_POOL.name: 1}, max_workers={CPU_POOL.name: max_workers}),
+        # The pipelines' planner and tuner: their stages' demand floors (InferLine in the loop).
+        demand_floors=PipelineAutopilot(services.pipelines).floors,
     )
     stack = LocalStack(services, pool, lambda_tier, url, provider, scaler, metadata_server=metadata_server)
     pool.scale_to(workers)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench import pipelines as bench
+from modelless.pipelines.spec import PipelineSpec
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.types import VariantProfile
 from sim.traces import gamma_arrivals
@@ -72,3 +74,42 @@ def test_the_three_systems_answer_every_query_of_a_short_trace(tmp_path: Path) -
 def test_a_missing_zoo_says_how_to_build_it(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="scripts/bench real-zoo"):
         bench.zoo_profiles(tmp_path)
+
+
+def test_a_branch_probability_is_measured_through_the_source_model(tmp_path: Path) -> None:
+    """On held-out inputs, through the real ONNX model: the share its condition holds for."""
+    from infra.zoo.real import MODEL_FILE, TESTSET
+    from tests.models import digits, linear_model
+
+    spec = PipelineSpec.model_validate(
+        {
+            "name": "c",
+            "stages": [{"name": "cheap", "model": "small"}, {"name": "expensive", "model": "big"}],
+            "edges": [
+                {
+                    "source": "cheap",
+                    "target": "expensive",
+                    "when": {"kind": "confidence_below", "threshold": 0.2},
+                }
+            ],
+            "latencySlo": 100.0,
+        }
+    )
+    assumed, notes = bench.measured_branches(spec, tmp_path)
+    assert assumed == {"cheap->expensive": bench.BRANCH_P} and "assumed" in notes[0]
+
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / MODEL_FILE).write_bytes(linear_model())
+    inputs = digits()[0][-100:]
+    np.savez(tmp_path / "small" / TESTSET, inputs=inputs, labels=np.zeros(len(inputs), dtype=np.int64))
+    measured, notes = bench.measured_branches(spec, tmp_path, rows=100)
+
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(linear_model(), providers=["CPUExecutionProvider"])
+    logits = session.run(None, {"input": inputs})[0].astype(np.float64)
+    probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities /= probabilities.sum(axis=1, keepdims=True)
+    want = float((probabilities.max(axis=1) < 0.2).mean())
+    assert 0 < want < 1 and measured == {"cheap->expensive": pytest.approx(want)}
+    assert "measured" in notes[0] and "100 held-out" in notes[0]

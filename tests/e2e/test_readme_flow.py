@@ -87,6 +87,11 @@ def run_flow(stack: RunningStack, workdir: Path) -> None:
     key = json.loads((stack.state_dir / "credentials.json").read_text())[app]
     assert table.count(f"{app}/") == len(Client(stack.url, api_key=key).variants())
     assert "accuracy" in table.splitlines()[0]
+    # The same for scripts: only JSON on stdout.
+    listed = json.loads(cli(stack, "--output", "json", "variants", "--app", app).stdout)["variants"]
+    assert sorted(v["variant_id"] for v in listed) == sorted(
+        v["variant_id"] for v in Client(stack.url, api_key=key).variants()
+    )
 
     client = Client(stack.url, api_key=key)
     variants = client.variants()
@@ -122,7 +127,7 @@ def run_flow(stack: RunningStack, workdir: Path) -> None:
         "0.001",
         check=False,
     )
-    assert impossible.returncode == 2
+    assert impossible.returncode == 1  # the service refused it (a 4xx): modelless.cli.ExitCode
     assert "targets_unreachable" in impossible.stderr and "closest" in impossible.stderr
 
     # Bad input over the wire: a clear 4xx. (json.dumps writes NaN, as many clients do.)

@@ -142,6 +142,7 @@ def logits(model: bytes, inputs: np.ndarray) -> np.ndarray:
 # --- gateway ----------------------------------------------------------------------------------
 
 
+@pytest.mark.localstack
 def test_gateway_answers_health_and_creates_apps(deployment: Deployment) -> None:
     gateway = fresh_import("functions.gateway.app")
 
@@ -163,6 +164,7 @@ def test_gateway_answers_health_and_creates_apps(deployment: Deployment) -> None
     assert gateway_call(gateway, refused)[0] == 401
 
 
+@pytest.mark.localstack
 def test_gateway_reads_the_admin_key_from_secrets_manager(
     deployment: Deployment, aws_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -210,6 +212,7 @@ def lambda_variant(memory_mb: int, p99_ms: float, load_ms: float) -> VariantProf
     )
 
 
+@pytest.mark.localstack
 def test_gateway_query_is_served_by_the_lambda_tier_of_the_variants_memory(deployment: Deployment) -> None:
     # A model registered earlier: its record and profiles in Redis, its artifact in emulated S3.
     deployment.create_app()
@@ -268,6 +271,7 @@ def test_gateway_query_is_served_by_the_lambda_tier_of_the_variants_memory(deplo
 # --- registration: gateway -> S3 + Redis -> registrar -------------------------------------------
 
 
+@pytest.mark.localstack
 def test_registration_is_stored_in_s3_and_handed_to_the_registrar(deployment: Deployment) -> None:
     deployment.create_app()
     registrar = fresh_import("functions.registrar.app")
@@ -315,6 +319,7 @@ def test_registration_is_stored_in_s3_and_handed_to_the_registrar(deployment: De
     assert time.monotonic() - started < registered_in_s + 5
 
 
+@pytest.mark.localstack
 def test_registration_that_cannot_reach_the_registrar_leaves_nothing_behind(deployment: Deployment) -> None:
     deployment.create_app()  # no registrar function: the asynchronous invoke is refused (404)
     gateway = fresh_import("functions.gateway.app")
@@ -329,6 +334,7 @@ def test_registration_that_cannot_reach_the_registrar_leaves_nothing_behind(depl
     assert deployment.repository_keys(f"apps/{APP}/") == []
 
 
+@pytest.mark.localstack
 def test_registrar_refuses_a_job_for_no_registration(deployment: Deployment) -> None:
     registrar = fresh_import("functions.registrar.app")
     reply = registrar.handler(sample_event("registrar_job.json"), LambdaContext(REGISTRAR))
@@ -341,6 +347,7 @@ def test_registrar_refuses_a_job_for_no_registration(deployment: Deployment) -> 
 # --- the Lambda tier --------------------------------------------------------------------------
 
 
+@pytest.mark.localstack
 def test_cpu_worker_runs_its_payload_with_the_variant_from_s3(deployment: Deployment) -> None:
     event = sample_event("cpu_worker_invoke.json")
     variant = VariantProfile.from_json(event["variant"])
@@ -578,6 +585,7 @@ def copy_of(event: dict[str, Any]) -> dict[str, Any]:
     return copied
 
 
+@pytest.mark.localstack
 def test_offline_runs_the_job_of_a_manifests_s3_event_once(
     offline: OfflineDeployment, redis_store: RedisMetadataStore
 ) -> None:
@@ -615,6 +623,7 @@ def test_offline_runs_the_job_of_a_manifests_s3_event_once(
     assert offline.lambdas.invocations == []  # it ran here: nothing handed on
 
 
+@pytest.mark.localstack
 def test_offline_schedule_resumes_a_job_whose_runner_never_ran(
     offline: OfflineDeployment, redis_store: RedisMetadataStore
 ) -> None:

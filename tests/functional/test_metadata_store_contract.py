@@ -163,6 +163,24 @@ def test_duplicate_app_conflicts_and_does_not_bind_the_new_key(any_store: Metada
     assert any_store.app_for_key("hash-3") == OTHER_APP
 
 
+def test_list_apps_names_every_app_sorted(any_store: MetadataStore) -> None:
+    assert any_store.list_apps() == []
+
+    any_store.create_app(OTHER_APP, "hash-2")
+    any_store.create_app(APP, "hash-1")
+
+    assert any_store.list_apps() == [APP, OTHER_APP]
+
+
+def test_the_recorded_scaling_plan_is_the_last_one(any_store: MetadataStore) -> None:
+    assert any_store.scaling_plan() is None
+
+    any_store.put_scaling_plan('{"at": 1.0}')
+    any_store.put_scaling_plan('{"at": 2.0}')
+
+    assert any_store.scaling_plan() == '{"at": 2.0}'
+
+
 # --- models and registrations -----------------------------------------------------------------
 
 

@@ -39,7 +39,10 @@ from tests.functional.workers_kit import APP, expected_logits, sample_inputs
 from tests.offline_kit import npy
 from tests.waiting import scaled
 
-pytestmark = pytest.mark.filterwarnings("ignore:Couldn't determine the remaining time left")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Couldn't determine the remaining time left"),
+    pytest.mark.localstack,  # S3 and its S3 → SQS notifications: LocalStack emulates both
+]
 
 
 def upload_manifest(buckets: Buckets, key: str = "jobs/nightly.job.json", prefix: str = "in/") -> None:

@@ -54,6 +54,7 @@ from tests.waiting import scaled, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.localstack
 def test_a_manifest_event_delivered_twice_writes_every_result_exactly_once(
     monkeypatch: pytest.MonkeyPatch,
     redis_store: RedisMetadataStore,
@@ -99,6 +100,7 @@ def test_a_manifest_event_delivered_twice_writes_every_result_exactly_once(
     assert redis_store.job_lease_holder(job.job_id) is None
 
 
+@pytest.mark.localstack
 def test_a_runner_killed_mid_job_is_resumed_and_every_result_exists_once(
     redis_store: RedisMetadataStore, buckets: Buckets, served: VariantProfile
 ) -> None:
@@ -156,6 +158,7 @@ def test_a_runner_killed_mid_job_is_resumed_and_every_result_exists_once(
     service.close()
 
 
+@pytest.mark.localstack
 def test_refusals_against_the_real_s3_endpoint(
     redis_store: RedisMetadataStore, buckets: Buckets, served: VariantProfile
 ) -> None:
@@ -265,6 +268,7 @@ def test_a_bucket_the_services_credentials_may_not_read_is_refused_with_a_403(
         service.close()
 
 
+@pytest.mark.localstack
 def test_the_embedded_stack_can_run_jobs_in_child_processes(
     redis_store: RedisMetadataStore, buckets: Buckets, served: VariantProfile
 ) -> None:

@@ -17,17 +17,20 @@ import pytest
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import ConflictError, InvalidInputError, NotFoundError
 from modelless.metadata.redis import RedisMetadataStore
+from modelless.pipelines.autopilot import AutopilotConfig, PipelineAutopilot
 from modelless.pipelines.redis import RedisPipelineStore
 from modelless.pipelines.service import PipelineService
 from modelless.pipelines.spec import PipelineSpec
 from modelless.pipelines.store import BranchCount, pipeline_store_for
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
-from modelless.pools.local import LocalWorkerPool
+from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
+from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.selection import InfaasPolicy
 from tests.functional.workers_kit import classes_of, publish_model, report_url_of, start_worker, worker_pool
 from tests.models import digits, hidden_model, linear_model
+from tests.waiting import scaled, wait_for
 
 APP = "pipeline-app"
 SLO_MS = 2000.0  # room for the first queries' loads on a busy machine
@@ -165,3 +168,49 @@ def test_the_redis_store_refuses_what_the_service_must_and_forgets_on_delete(ser
     assert served.pipelines.branches(APP, "sequential") == {}
     with pytest.raises(NotFoundError):
         served.pipelines.query(APP, "sequential", rows(1).tolist())
+
+
+def test_the_planner_and_tuner_drive_the_live_scaler_onto_real_workers(
+    served: Served, redis_store: RedisMetadataStore
+) -> None:
+    """A cascade's queries on a real worker: the autopilot plans at their measured rate and
+    branch probability, its stages become demand floors of the scaler's one program, and the
+    scaler's tick places instances of both stages' models on the real pool's worker."""
+    served.pipelines.register(APP, CASCADE)
+    inputs = rows(40)
+    for index in range(len(inputs)):
+        served.pipelines.query(APP, "cascade", inputs[index : index + 1].tolist())
+    probability = served.pipelines.branches(APP, "cascade")["cheap->expensive"].probability
+    assert probability is not None and 0 < probability < 1
+
+    pilot = PipelineAutopilot(served.pipelines, AutopilotConfig(min_arrivals=5))
+    floors = pilot.floors()
+    plan = pilot.plan_of(APP, "cascade")
+    assert plan is not None and plan.feasible, plan
+    assert {s.stage for s in plan.stages} == {"cheap", "expensive"}
+    expensive = next(s for s in plan.stages if s.stage == "expensive")
+    assert expensive.probability == pytest.approx(probability)  # measured, not assumed
+    assert len(floors) == 2 and all(qps > 0 for qps in floors.values())
+
+    provider = LocalPoolProvider({"cpu": served.pool}, forget=redis_store.remove_worker)
+    scaler = Scaler(
+        redis_store,
+        provider,
+        DEFAULT_POOLS,
+        ScalerConfig(
+            window_s=10, min_workers={"cpu": 1}, max_workers={"cpu": 1}, provision_for_envelope=False
+        ),
+        demand_floors=pilot.floors,
+    )
+    report = scaler.tick()
+
+    assert report.floors_qps.keys() == floors.keys()
+    assigned = provider.assignments["cpu"]
+    models = {variant.split("/")[1] for variant, count in assigned.items() if count > 0}
+    assert models == {"linear", "hidden"}, report.summary()
+    wait_for(
+        lambda: {i.variant_id.split("/")[1] for w in redis_store.list_workers("cpu") for i in w.instances},
+        scaled(30.0),
+        "the worker to report both stages' models loaded",
+        until=lambda loaded: {"linear", "hidden"} <= loaded,
+    )

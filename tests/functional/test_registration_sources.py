@@ -128,6 +128,7 @@ def registrar(s3_bucket: str, aws_endpoint: str, tmp_path: Path) -> Iterator[Reg
         service.close()
 
 
+@pytest.mark.localstack
 def test_a_model_and_valset_registered_from_s3_are_stored_and_queued(registrar: Registrar) -> None:
     model_uri = registrar.upload("exports/linear.onnx", linear_model())
     valset_uri = registrar.upload("exports/val.npz", valset_npz(50))
@@ -144,6 +145,7 @@ def test_a_model_and_valset_registered_from_s3_are_stored_and_queued(registrar: 
     assert job.registration_id == registration.registration_id and not job.test_run  # tested here
 
 
+@pytest.mark.localstack
 def test_a_zip_with_external_data_in_s3_becomes_one_self_contained_model(
     registrar: Registrar, tmp_path: Path
 ) -> None:
@@ -173,6 +175,7 @@ def test_a_zip_with_external_data_in_s3_becomes_one_self_contained_model(
     ],
     ids=["missing-object", "missing-bucket"],
 )
+@pytest.mark.localstack
 def test_a_missing_object_or_bucket_is_a_400_naming_it(
     registrar: Registrar, model_uri: str, message: str
 ) -> None:
@@ -191,6 +194,7 @@ def test_a_missing_object_or_bucket_is_a_400_naming_it(
     assert registrar.nothing_kept() and registrar.jobs == []
 
 
+@pytest.mark.localstack
 def test_an_s3_object_over_the_limit_is_refused_before_it_is_read(registrar: Registrar) -> None:
     model_uri = registrar.upload("huge.onnx", b"\0" * (4 * MiB + 1))
     valset_uri = registrar.upload("val.npz", valset_npz(50))
@@ -223,6 +227,7 @@ def api(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
         services.close()
 
 
+@pytest.mark.localstack
 def test_register_model_takes_s3_uris_as_json_or_as_form_fields(
     api: tuple[TestClient, dict[str, str]], s3_bucket: str, aws_endpoint: str
 ) -> None:

@@ -17,7 +17,13 @@ from modelless.repository.base import fetch_to_cache
 from modelless.repository.local import LocalModelRepository
 from modelless.repository.s3 import S3ModelRepository
 
-BACKENDS = ["local", "memory", "s3-client", "s3-url", "s3-url-no-prefix"]
+S3_BACKENDS = ("s3-client", "s3-url", "s3-url-no-prefix")
+# The S3 ones run against LocalStack too (scripts/test-localstack).
+BACKENDS = [
+    "local",
+    "memory",
+    *(pytest.param(name, marks=pytest.mark.localstack) for name in S3_BACKENDS),
+]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -139,6 +145,7 @@ def test_delete_prefix_of_one_object(repository: ModelRepository) -> None:
     assert repository.exists("apps/a/resnet/source.onnx")
 
 
+@pytest.mark.localstack
 def test_s3_delete_prefix_handles_more_than_one_batch(s3_bucket: str, aws_endpoint: str) -> None:
     # S3's DeleteObjects takes at most 1000 keys per call.
     repository = S3ModelRepository(s3_bucket, "models", client=boto3.client("s3", endpoint_url=aws_endpoint))
@@ -155,6 +162,7 @@ def test_s3_delete_prefix_handles_more_than_one_batch(s3_bucket: str, aws_endpoi
 # --- S3 specifics -----------------------------------------------------------------------------
 
 
+@pytest.mark.localstack
 def test_s3_objects_live_under_the_repository_prefix(s3_bucket: str, aws_endpoint: str) -> None:
     client = boto3.client("s3", endpoint_url=aws_endpoint)
     first = S3ModelRepository(s3_bucket, "/models/v1/", client=client)
@@ -171,6 +179,7 @@ def test_s3_objects_live_under_the_repository_prefix(s3_bucket: str, aws_endpoin
     assert second.get("apps/a/m/source.onnx") == b"two"
 
 
+@pytest.mark.localstack
 def test_s3_missing_bucket_is_not_reported_as_a_missing_object(aws_endpoint: str) -> None:
     repository = S3ModelRepository(
         "no-such-bucket-modelless", client=boto3.client("s3", endpoint_url=aws_endpoint)

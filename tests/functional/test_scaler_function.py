@@ -87,6 +87,11 @@ def test_a_scheduled_tick_scales_the_auto_scaling_group(
         assert desired["DesiredCapacity"] == summary["workers"]["cpu"] >= 2
         tags = {t["Key"]: t["Value"] for t in desired["Tags"]}
         assert json.loads(tags[PLAN_TAG])["app/m/fp32_all/cpu-1t"] >= 4
+        # The plan is recorded where the gateways' dashboard reads it (GET /v1/dashboard/state).
+        recorded = json.loads(store.scaling_plan() or "null")
+        assert recorded["cost_per_hour"] == summary["cost_per_hour"] > 0
+        planned = {(i["variant"], i["pool"]): i["count"] for i in recorded["instances"]}
+        assert planned[("app/m/fp32_all/cpu-1t", "cpu")] >= 4
     finally:
         store.flush_namespace()
         store.close()

@@ -454,7 +454,8 @@ def test_cli_load_inputs_reads_each_kind_of_file(tmp_path: Path) -> None:
     arrays = cli.load_inputs(tmp_path / "tokens.npz")
     assert set(arrays) == {"ids", "mask"}
     np.testing.assert_array_equal(arrays["ids"], ids)
-    with pytest.raises(SystemExit, match=r"use a \.npy, \.npz, \.json, \.png or \.jpg file"):
+    # A usage error: the command reports it and exits 2 (cli.ExitCode.USAGE).
+    with pytest.raises(cli.UsageProblem, match=r"use a \.npy, \.npz, \.json, \.png or \.jpg file"):
         cli.load_inputs(tmp_path / "x.txt")
 
 

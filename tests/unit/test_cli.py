@@ -1,4 +1,4 @@
-"""The command-line tool's pure helpers and its argument parser (no server involved)."""
+"""The command-line tool's pure helpers and its argument parsing (no server involved)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from modelless import cli
 from modelless.cli import (
-    build_parser,
     format_table,
     load_inputs,
+    parse_args,
     progress_bar,
     registration_lines,
     variant_rows,
@@ -152,14 +152,13 @@ def test_registration_lines_show_each_model_with_its_bar() -> None:
 
 
 def test_parser_knows_watch_registrations_and_import() -> None:
-    parser = build_parser()
-    watch = parser.parse_args(["variants", "--app", "a", "--watch", "--interval", "0.5"])
+    watch = parse_args(["variants", "--app", "a", "--watch", "--interval", "0.5"])
     assert watch.watch and watch.interval == 0.5
-    assert parser.parse_args(["registrations", "--app", "a"]).app == "a"
-    imported = parser.parse_args(["import-profiles", "--app", "a", "--model", "m", "gpu.json"])
+    assert parse_args(["registrations", "--app", "a"]).app == "a"
+    imported = parse_args(["import-profiles", "--app", "a", "--model", "m", "gpu.json"])
     assert (imported.model, imported.file) == ("m", "gpu.json")
     assert (
-        parser.parse_args(
+        parse_args(
             ["register", "--app", "a", "--name", "n", "--model", "f", "--valset", "v", "--metric", "top5"]
         ).metric
         == "top5"
@@ -199,11 +198,11 @@ def test_variant_rows_render_as_a_table() -> None:
     assert table[1].startswith("v1") and table[2].startswith("v2")
 
 
-# --- build_parser -----------------------------------------------------------------------------
+# --- parse_args -------------------------------------------------------------------------------
 
 
 def parse(*argv: str) -> Any:
-    return build_parser().parse_args(list(argv))
+    return parse_args(list(argv))
 
 
 def test_parse_create_app() -> None:
@@ -273,13 +272,13 @@ def test_parse_workers() -> None:
 
 def test_workers_lines_show_the_tuned_configuration_and_scale() -> None:
     instance = {"variant_id": "digits/m/v1", "state": "active", "qps": 3.0}
-    assert cli._instance_summary(instance) == "digits/m/v1[active 3.0qps]"  # an older worker's report
+    assert cli.instance_summary(instance) == "digits/m/v1[active 3.0qps]"  # an older worker's report
     untuned = {**instance, "intra_threads": 0, "inter_threads": 0, "concurrency": 0, "latency_scale": 0.0}
-    assert cli._instance_summary(untuned) == "digits/m/v1[active 3.0qps]"
+    assert cli.instance_summary(untuned) == "digits/m/v1[active 3.0qps]"
     unmeasured = {**untuned, "intra_threads": 2, "inter_threads": 1, "concurrency": 2}
-    assert cli._instance_summary(unmeasured) == "digits/m/v1[active 3.0qps tuned 2x1x2]"
+    assert cli.instance_summary(unmeasured) == "digits/m/v1[active 3.0qps tuned 2x1x2]"
     measured = {**unmeasured, "latency_scale": 1.25}
-    assert cli._instance_summary(measured) == "digits/m/v1[active 3.0qps tuned 2x1x2 1.25x profile]"
+    assert cli.instance_summary(measured) == "digits/m/v1[active 3.0qps tuned 2x1x2 1.25x profile]"
 
 
 @pytest.mark.parametrize(
@@ -297,7 +296,7 @@ def test_workers_lines_show_the_tuned_configuration_and_scale() -> None:
 )
 def test_parse_refuses_incomplete_commands(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
-        build_parser().parse_args(argv)
+        parse_args(argv)
     assert caught.value.code == 2
     assert "error:" in capsys.readouterr().err
 

@@ -31,7 +31,7 @@ class RecordingClient:
 def run_register(monkeypatch: pytest.MonkeyPatch, *options: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
     client = RecordingClient()
     monkeypatch.setattr(cli, "_client", lambda args: client)
-    args = cli.build_parser().parse_args(["register", "--app", "a", "--name", "m", "--no-wait", *options])
+    args = cli.parse_args(["register", "--app", "a", "--name", "m", "--no-wait", *options])
     args.run(args)
     [call] = client.calls
     return call
@@ -68,7 +68,14 @@ def test_register_streams_local_files_and_sends_uris_as_they_are(
     ],
 )
 def test_register_refuses_what_it_cannot_send(
-    monkeypatch: pytest.MonkeyPatch, options: list[str], message: str
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], options: list[str], message: str
 ) -> None:
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(cli.UsageProblem, match=message):
         run_register(monkeypatch, *options)
+    # From the command line: the same message on stderr, a usage error's exit code, nothing sent.
+    client = RecordingClient()
+    monkeypatch.setattr(cli, "_client", lambda args: client)
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["register", "--app", "a", "--name", "m", "--no-wait", *options])
+    assert caught.value.code == 2  # cli.ExitCode.USAGE
+    assert message in capsys.readouterr().err and client.calls == []

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
-from modelless.cli import build_parser, job_progress_line, job_report
+from modelless.cli import job_progress_line, job_report, parse_args
 from modelless.config import Settings
 from modelless.exceptions import InvalidJobError, ModellessError
 from modelless.metadata.memory import InMemoryMetadataStore
@@ -271,6 +271,7 @@ def test_manifests_name_paths_in_their_own_bucket_or_anywhere() -> None:
     job = parse_manifest(manifest(outputPath=f"s3://{OTHER}/o/"), BUCKET)
     assert job == JobSpec(APP, IN, f"s3://{OTHER}/o/", 0.5, None)
     assert parse_manifest(manifest(accuracy=None, modelName=MODEL), BUCKET).model_name == MODEL
+    assert parse_manifest(manifest(accuracy=None, pipeline="cascade"), BUCKET).pipeline == "cascade"
 
 
 @pytest.mark.parametrize(
@@ -279,7 +280,7 @@ def test_manifests_name_paths_in_their_own_bucket_or_anywhere() -> None:
         (b"{not json", "not JSON"),
         (b"[1]", "must be a JSON object"),
         (json.dumps({"appID": APP, "inputPath": "in/"}).encode(), "lacks ['outputPath']"),
-        (manifest(accuracy=None), "needs an accuracy target or a modelName"),
+        (manifest(accuracy=None), "needs an accuracy target, a modelName or a pipeline"),
         (manifest(extra=1), "unknown fields ['extra']"),
         (manifest(accuracy="high"), "accuracy must be a number"),
         (manifest(accuracy=10**400), "accuracy must be a number in"),  # float() of it overflows
@@ -329,8 +330,9 @@ def test_a_refused_manifest_is_recorded_as_a_failed_job_of_its_app(
     [
         (manifest(extra=1), True, "manifest has unknown fields ['extra']"),
         (manifest(accuracy="high"), True, "manifest accuracy must be a number"),
-        (manifest(accuracy=None), True, "needs an accuracy target or a modelName"),
+        (manifest(accuracy=None), True, "needs an accuracy target, a modelName or a pipeline"),
         (manifest(inputPath=7), True, "manifest inputPath must be a string"),
+        (manifest(pipeline=["a"]), True, "manifest pipeline must be a string"),
         (b"{not json", False, "manifest is not JSON"),
         (manifest(appID="ghost", extra=1), False, "unknown fields"),  # no such app: nowhere to show it
     ],
@@ -515,6 +517,39 @@ def test_offline_query_over_http_then_job_status(api: tuple[TestClient, Services
     assert [j["jobId"] for j in listed] == [job["jobId"]]
 
 
+def test_a_pipeline_job_over_http_pins_a_variant_per_stage_and_says_which_stage_answered(
+    api: tuple[TestClient, Services, dict[str, str]], objects: InMemoryObjectStore
+) -> None:
+    client, services, headers = api
+    pipeline = {
+        "appID": APP,
+        "name": "twice",
+        "stages": [{"name": "first", "model": MODEL}, {"name": "second", "model": MODEL}],
+        "edges": [{"source": "first", "target": "second"}],
+        "latencySlo": 500.0,
+    }
+    assert client.post("/v1/pipelines", json=pipeline, headers=headers).status_code == 201
+    reply = client.post(
+        "/v1/offline_query",
+        json={"appID": APP, "inputPath": IN, "outputPath": OUT, "pipeline": "twice"},
+        headers=headers,
+    )
+    assert reply.status_code == 202, reply.text
+    assert services.offline is not None
+    assert services.offline.run(reply.json()["jobId"]).outcome is RunOutcome.COMPLETED
+
+    status = client.get(f"/v1/jobs/{reply.json()['jobId']}", headers=headers).json()
+    assert status["status"] == "completed" and status["pipeline"] == "twice"
+    assert status["stageVariants"] == {"first": variant().variant_id, "second": variant().variant_id}
+    results = [i.key for i in objects.list_objects(BUCKET, "out/", 100) if i.key.endswith(".result.json")]
+    assert results
+    for key in results:
+        result = json.loads(objects.get(BUCKET, key))
+        assert result["pipeline"] == "twice" and set(result["answeredBy"]) == {"second"}
+    branches = client.get("/v1/pipelines/twice", params={"appID": APP}, headers=headers).json()
+    assert branches["branchProbabilities"] == {"first->second": 1.0}
+
+
 def test_a_job_whose_runner_went_silent_shows_stalled_and_when_it_resumes(
     api: tuple[TestClient, Services, dict[str, str]], store: InMemoryMetadataStore
 ) -> None:
@@ -563,7 +598,14 @@ def test_offline_query_errors_over_http(api: tuple[TestClient, Services, dict[st
     assert inside.status_code == 400 and inside.json()["error"]["code"] == "invalid_job"
     assert "lies inside inputPath" in inside.json()["error"]["message"]
     no_target = client.post("/v1/offline_query", json={**body, "accuracy": None}, headers=headers)
-    assert no_target.status_code == 400 and "accuracy target or a modelName" in no_target.text
+    assert no_target.status_code == 400 and "an accuracy target, a modelName or a pipeline" in no_target.text
+    outside = {**body, "outputPath": f"s3://{BUCKET}/results/", "accuracy": None}
+    no_pipeline = client.post("/v1/offline_query", json={**outside, "pipeline": "nope"}, headers=headers)
+    assert no_pipeline.status_code == 404 and "no pipeline named 'nope'" in no_pipeline.text
+    both = client.post(
+        "/v1/offline_query", json={**outside, "pipeline": "nope", "modelName": MODEL}, headers=headers
+    )
+    assert both.status_code == 400 and "not both" in both.text
     wrong_app = client.post("/v1/offline_query", json={**body, "appID": "api-app"}, headers=headers)
     assert wrong_app.status_code == 403
     assert client.get("/v1/jobs/job-nope", headers=headers).status_code == 404
@@ -721,14 +763,13 @@ def test_admin_sets_an_apps_buckets(
 
 
 def test_cli_parses_offline_commands() -> None:
-    parser = build_parser()
-    args = parser.parse_args(
+    args = parse_args(
         ["offline-query", "--app", APP, "--input", IN, "--output", OUT, "--accuracy", "0.9", "--wait"]
     )
     assert (args.input, args.output, args.accuracy, args.wait) == (IN, OUT, 0.9, True)
-    args = parser.parse_args(["job", "status", "job-1", "--app", APP, "--wait"])
+    args = parse_args(["job", "status", "job-1", "--app", APP, "--wait"])
     assert (args.job_id, args.wait, args.job_command) == ("job-1", True, "status")
-    args = parser.parse_args(["allow-buckets", APP, "b1", "b2"])
+    args = parse_args(["allow-buckets", APP, "b1", "b2"])
     assert args.buckets == ["b1", "b2"]
 
 

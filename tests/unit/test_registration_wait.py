@@ -5,6 +5,7 @@ one line and an exit code, never a traceback (a fake client)."""
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -192,14 +193,18 @@ def test_the_display_redraws_in_place_on_a_terminal() -> None:
     stream = io.StringIO()
     display = RegistrationDisplay(stream, live=True, columns=200)
     display.draw(reply(done=1, variants={"fp32_all": "profiling"}))
-    display.draw(reply(done=2, variants={"fp32_all": "ready"}))
+    display.draw(reply(done=2, variants={"fp32_all": "ready"}, etaSeconds=65.0))
     display.close()
 
-    text = stream.getvalue()
-    first, second = text.split("\r")
-    assert first.count("\n") == 1 and "profiling: fp32_all" in first
-    assert second.startswith("\x1b[1A\x1b[2K[")  # back up one line, clear, redraw
-    assert "ready: fp32_all" in second and second.endswith("\n")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", stream.getvalue())  # colours aside
+    # Each redraw goes back up over the two lines drawn (bar, variants' states), clearing them.
+    frames = text.split("\r\x1b[2K\x1b[1A\x1b[2K")
+    assert len(frames) >= 2
+    assert "1/4 profiling: profiling variants" in frames[0] and "profiling: fp32_all" in frames[0]
+    last = frames[-1]
+    assert "2/4 profiling, ETA 1m05s: profiling variants" in last and "ready: fp32_all" in last
+    assert "fp32_all" not in last.replace("ready: fp32_all", "")  # the old state is gone
+    assert text.rstrip("\x1b[?25h").endswith("\n")  # what follows starts on its own line
 
 
 def test_the_display_writes_changed_lines_and_a_periodic_line_elsewhere() -> None:
@@ -338,7 +343,7 @@ def test_giving_up_waiting_exits_2_and_says_how_to_check(
         (httpx.ConnectError("connection refused"), "could not reach the server (ConnectError"),
     ],
 )
-def test_a_refused_or_unsent_registration_exits_1_without_a_traceback(
+def test_a_refused_or_unsent_registration_exits_1_or_3_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -347,7 +352,9 @@ def test_a_refused_or_unsent_registration_exits_1_without_a_traceback(
 ) -> None:
     code = run_register(monkeypatch, tmp_path, FakeClient([], register_error=error))
     err = capsys.readouterr().err
-    assert code == 1 and said in err.splitlines()[-1] and "Traceback" not in err
+    # Refused (4xx): 1; the server unreachable: 3, as for every command (modelless.cli.ExitCode).
+    assert code == (3 if isinstance(error, httpx.ConnectError) else 1)
+    assert said in err.splitlines()[-1] and "Traceback" not in err
 
 
 def test_the_outcome_line_of_a_registration_without_timings() -> None:
@@ -357,7 +364,7 @@ def test_the_outcome_line_of_a_registration_without_timings() -> None:
 
 
 def test_register_takes_wait_limits() -> None:
-    args = cli.build_parser().parse_args(
+    args = cli.parse_args(
         [
             "register",
             "--app",
@@ -375,9 +382,7 @@ def test_register_takes_wait_limits() -> None:
         ]
     )
     assert (args.stall_timeout, args.max_wait) == (60.0, 3600.0)
-    defaults = cli.build_parser().parse_args(
-        ["register", "--app", "a", "--name", "n", "--model", "m", "--valset", "v"]
-    )
+    defaults = cli.parse_args(["register", "--app", "a", "--name", "n", "--model", "m", "--valset", "v"])
     assert (defaults.stall_timeout, defaults.max_wait) == (900.0, None)
 
 

@@ -104,6 +104,7 @@ def test_load_scales_the_pool_up_then_down_after_the_hold(store: InMemoryMetadat
     assert busy.plan.status.value == "optimal"
     assert busy.workers["cpu"] >= 2
     assert sum(provider.assigned["cpu"].values()) >= 2
+    assert busy.instances == provider.assigned  # the report says what the tick assigned
     peak = busy.workers["cpu"]
 
     # Load falls to a trickle, which Lambda serves for less than a worker costs: the plan wants
@@ -126,6 +127,28 @@ def test_what_the_pool_cannot_take_is_left_to_the_lambda_tier(store: InMemoryMet
     assert report.workers["cpu"] == 1
     assert report.plan.lambda_qps[GROUP.key] > 0
     assert report.plan.lambda_qps[GROUP.key] > 0 and "lambda_qps" in report.summary()
+
+
+def test_a_demand_floor_is_planned_for_though_the_measured_load_is_lower(
+    store: InMemoryMetadataStore,
+) -> None:
+    """The pipelines' tuned stages (modelless.pipelines.autopilot) reach the one program as floors
+    of their groups' load; the report keeps the measured load apart from them."""
+    provider = FakeProvider({"cpu": 1})
+    config = ScalerConfig(window_s=10, slack=0.0, max_workers={"cpu": 8}, provision_for_envelope=False)
+    load(store, 5, start=1000, seconds=20)
+    floors: dict[str, float] = {}
+    scaler = Scaler(store, provider, DEFAULT_POOLS, config, demand_floors=lambda now: floors)
+
+    plain = scaler.tick(now=1020.5)
+    assert plain.plan.lambda_qps[GROUP.key] == pytest.approx(5.0) and plain.floors_qps == {}
+
+    floors[GROUP.key] = 2500.0  # more than one instance serves (500 q/s at batch 1)
+    floored = scaler.tick(now=1020.5)
+    assert floored.workers["cpu"] >= 2 and sum(provider.assigned["cpu"].values()) >= 2
+    assert floored.plan.lambda_qps.get(GROUP.key, 0.0) < 2500.0
+    assert floored.load_qps == {GROUP.key: 5.0} and floored.floors_qps == {GROUP.key: 2500.0}
+    assert floored.summary()["floors_qps"] == {GROUP.key: 2500.0}
 
 
 def test_no_load_means_the_minimum(store: InMemoryMetadataStore) -> None:

@@ -64,3 +64,35 @@ def test_a_large_problem_is_answered_by_the_deadline_with_a_valid_plan(solver: s
     assert elapsed <= limit + scaled(0.5)
     assert plan.status is not PlanStatus.OPTIMAL
     assert violations(problem, plan) == []
+
+
+def test_the_holding_plan_reads_only_what_runs_and_says_why_load_is_unmet() -> None:
+    pool = ScalingPool("pool", 1.0, {VCPU: 4.0}, current_workers=1, ready_workers=1)
+    idle = [ScalingVariant(f"idle-{i}", "pool", {"a": 500.0}, {VCPU: 1.0}) for i in range(200)]
+    variants = [
+        ScalingVariant("one", "pool", {"a": 40.0, "b": 30.0}, {VCPU: 1.0}, running=1),
+        ScalingVariant("two", "pool", {"b": 50.0}, {VCPU: 1.0}, running=2),
+        *idle,
+    ]
+    groups = [ScalingGroup("a", 100.0, 50.0), ScalingGroup("b", 60.0, 20.0)]
+    problem = ScalingProblem(variants, [pool], groups, lambda_allowed=False)
+
+    plan = holding_plan(problem, "greedy", time.perf_counter(), "deadline reached")
+
+    assert [v.id for v in problem.running_variants] == ["one", "two"]
+    assert set(plan.instances) == {("one", "pool"), ("two", "pool")}
+    # No group gets more than its need, no variant more than its instances' time.
+    for group in groups:
+        assert sum(q for (_, g), q in plan.served.items() if g == group.id) <= group.load_qps + 1e-9
+    for variant in variants[:2]:
+        time_used = sum(q / variant.saturation_qps[g] for (v, g), q in plan.served.items() if v == variant.id)
+        assert time_used <= variant.running + 1e-9
+    # "one" serves b first (the tighter budget), "two" the rest of b; a gets what is left of one.
+    assert plan.served[("one", "b")] == pytest.approx(30.0)
+    assert plan.served[("two", "b")] == pytest.approx(30.0)
+    assert plan.unmet_qps == {"a": pytest.approx(100.0)}
+    assert (
+        "before new ones could be planned" in plan.unmet["a"]
+        and "Lambda fallback is disabled" in plan.unmet["a"]
+    )
+    assert violations(problem, plan) == []

@@ -337,16 +337,21 @@ class Client:
         accuracy: float | None = None,
         model_name: str | None = None,
         idempotency_key: str | None = None,
+        pipeline: str | None = None,
     ) -> dict[str, Any]:
         """INFaaS ``offline_query``: a batch job over every object under ``input_path``
-        (``s3://bucket/prefix``); one result per input lands under ``output_path``. Returns the
-        job at once (``wait_for_job`` follows it to the end). Carries ``idempotency_key`` (else a
-        new UUID) and is retried with it when its reply is lost: one job, however many tries."""
+        (``s3://bucket/prefix``), by a variant of one model or through the app's ``pipeline``
+        (every input row takes its own path through the DAG); one result per input lands under
+        ``output_path``. Returns the job at once (``wait_for_job`` follows it to the end).
+        Carries ``idempotency_key`` (else a new UUID) and is retried with it when its reply is
+        lost: one job, however many tries."""
         body: dict[str, Any] = {"appID": app_id, "inputPath": input_path, "outputPath": output_path}
         if accuracy is not None:
             body["accuracy"] = accuracy
         if model_name is not None:
             body["modelName"] = model_name
+        if pipeline is not None:
+            body["pipeline"] = pipeline
         reply: dict[str, Any] = self._call_once("POST", "/v1/offline_query", idempotency_key, json=body)
         return reply
 

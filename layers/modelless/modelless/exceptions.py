@@ -23,6 +23,15 @@ class ModellessError(Exception):
         self.message = message
         self.details = details
 
+    def within(self, context: str, **details: Any) -> ModellessError:
+        """The same error, said of a part of something larger (a pipeline's stage): ``context``
+        leads its message, ``details`` join its own (without replacing them)."""
+        self.message = f"{context}: {self.message}"
+        self.args = (self.message,)
+        for key, value in details.items():
+            self.details.setdefault(key, value)
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.details:

@@ -1,23 +1,31 @@
-"""Powertools Logger and Metrics shared by the gateway: structured logs with correlation ids,
-EMF metrics per variant (latency), cold starts and spills to the Lambda tier."""
+"""Powertools Logger, Metrics and Tracer shared by the gateway: structured logs with correlation
+ids, EMF metrics per variant (latency), cold starts and spills to the Lambda tier, X-Ray traces."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
 from modelless.cache.predictions import CachedPredictions
 from modelless.dispatch import QueryResult
+from modelless.prometheus import record_query as record_prometheus_query
 from modelless.types import Tier
 
 logger = Logger(service="gateway")
 metrics = Metrics(namespace="Modelless", service="gateway")
+# X-Ray in Lambda (template.yaml: Tracing: Active), off elsewhere (the embedded stack's spans are
+# OpenTelemetry's: modelless.tracing). Patched: S3, Secrets Manager and Lambda invocations
+# (botocore), the calls to workers (httpx).
+tracer = Tracer(service="gateway", patch_modules=("botocore", "httpx"))
 
 
 def record_query(result: QueryResult) -> None:
+    """One query's EMF metrics and log line, and its Prometheus series where prometheus-client
+    is installed (outside Lambda: GET /metrics)."""
+    record_prometheus_query(result)
     variant = result.decision.variant.variant_id
     # One EMF blob per query: its dimension is the variant that served it.
     single = EphemeralMetrics(namespace="Modelless", service="gateway")

@@ -94,10 +94,10 @@ class LambdaRegistrationLauncher:
     """In AWS: an asynchronous ``lambda:Invoke`` (InvocationType ``Event``) of the registrar."""
 
     def __init__(self, function_name: str, client: Any | None = None) -> None:
-        import boto3
+        from modelless import aws_clients
 
         self._function = function_name
-        self._lambda = client or boto3.client("lambda")
+        self._lambda = client or aws_clients.client("lambda")
 
     def __call__(self, job: RegistrationJob) -> None:
         self._lambda.invoke(
@@ -252,9 +252,9 @@ class RegistrationService:
         from modelless.repository.s3 import download_object
 
         if self._s3_client is None:
-            import boto3
+            from modelless import aws_clients
 
-            self._s3_client = boto3.client("s3")
+            self._s3_client = aws_clients.client("s3")
         download_object(source.bucket, source.key, target, limit, setting, field, self._s3_client)
         return target
 

@@ -319,6 +319,9 @@ class OfflineJob:
     summary_key: str | None = None  # s3:// URL of the summary object, once written
     restarts: int = 0  # how often its runner died mid-run and was started again by its launcher
     runner_failure: str = ""  # how its runner last died, and when (empty: it never did)
+    pipeline: str | None = None  # the job runs the app's pipeline of this name (modelless.pipelines)
+    # A pipeline job's variant per stage, pinned at its first run (``variant_id``: its entry's).
+    stage_variants: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

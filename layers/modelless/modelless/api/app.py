@@ -21,7 +21,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from modelless import __version__
 from modelless.api.limits import ASGIApp, BodyLimitMiddleware, Message, Receive, Scope, Send
-from modelless.api.routers import apps, feedback, models, offline, operations, pipelines, queries
+from modelless.api.openapi import document_errors
+from modelless.api.routers import apps, dashboard, feedback, models, offline, operations, pipelines, queries
+from modelless.api.routers import metrics as prometheus_metrics
 from modelless.api.services import Services
 from modelless.exceptions import ModellessError, ServiceUnavailableError, StoreUnavailableError, first_line
 from modelless.metadata.redis import UNREACHABLE_ERRORS
@@ -58,8 +60,11 @@ def create_app(services: Services) -> FastAPI:
         pipelines.router,
         offline.router,
         operations.router,
+        prometheus_metrics.router,
+        dashboard.router,
     ):
         app.include_router(router)
+    document_errors(app)  # the OpenAPI document lists each operation's real errors, in this shape
 
     app.add_middleware(
         BodyLimitMiddleware,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from modelless.api.services import Services
 from modelless.auth import check_admin
@@ -20,12 +21,31 @@ async def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
+# The two ways a key is sent, as OpenAPI security schemes (either one will do). Neither refuses a
+# request itself (auto_error=False): the routes answer a missing or unknown key 401 in the API's
+# error shape, and some take the app's key or the admin key.
+API_KEY_HEADER = APIKeyHeader(
+    name="X-Api-Key",
+    scheme_name="ApiKey",
+    description="an app's API key (from POST /v1/apps), or the admin key where a call needs it",
+    auto_error=False,
+)
+BEARER_KEY = HTTPBearer(
+    scheme_name="BearerKey",
+    description="the same key as 'Authorization: Bearer <key>'",
+    auto_error=False,
+)
+
+
 async def presented_key(
-    authorization: Annotated[str | None, Header()] = None,
-    x_api_key: Annotated[str | None, Header()] = None,
+    request: Request,
+    x_api_key: Annotated[str | None, Security(API_KEY_HEADER)],
+    _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER_KEY)],
 ) -> str | None:
     if x_api_key:
         return x_api_key
+    # Read here rather than from HTTPBearer's credentials: "Bearer  key" (more spaces) is accepted.
+    authorization = request.headers.get("authorization")
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
     return None

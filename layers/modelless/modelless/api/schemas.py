@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from modelless.validation import MAX_LATENCY_MS
+from modelless.validation import MAX_LATENCY_MS, NAME_PATTERN
 
 # The targets a query states. Strict: a JSON number only, never a boolean or a numeric string
 # (``"latency": true`` or ``"50"`` is a 400 naming the field, not 1.0 or 50.0); finite; within
@@ -45,11 +45,57 @@ def number_text(value: object) -> object:
 QueryLatencyMs = Annotated[LatencyMs, BeforeValidator(number_text)]
 QueryAccuracy = Annotated[Accuracy, BeforeValidator(number_text)]
 
+# The rule ``modelless.validation.check_name`` holds app, model and pipeline names to, stated in the
+# schema only: the routes check it themselves (a 400 naming the field), and an app, model or
+# pipeline whose name breaks it cannot exist, so a request naming one is refused either way.
+NAME_SCHEMA: dict[str, Any] = {"pattern": NAME_PATTERN.pattern, "minLength": 1, "maxLength": 64}
+# The ``s3://`` URIs a request names, as ``S3Uri.parse`` and ``S3Path.parse`` read them.
+S3_URI_SCHEMA: dict[str, Any] = {"pattern": r"^s3://[A-Za-z0-9.-]{1,63}/"}
+BUCKET_SCHEMA: dict[str, Any] = {"pattern": r"^[A-Za-z0-9.-]{1,63}$"}
+
+
+def present(field: str) -> dict[str, Any]:
+    """JSON Schema for "``field`` is given, and not null" (null counts as absent in these bodies)."""
+    return {"required": [field], "properties": {field: {"not": {"type": "null"}}}}
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="what went wrong, for programs: not_found, store_unavailable, …")
+    message: str = Field(description="what went wrong, for people")
+    details: dict[str, Any] | None = Field(
+        default=None, description="facts about it where there are some (a limit, a field, retry_after_s)"
+    )
+
+
+class ErrorResponse(BaseModel):
+    """Every error reply of the API, whatever its status."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"error": {"code": "not_found", "message": "model 'resnet' is not registered in app 'shop'"}},
+                {
+                    "error": {
+                        "code": "store_unavailable",
+                        "message": "the metadata store does not answer; try again shortly",
+                        "details": {"retry_after_s": 2},
+                    }
+                },
+            ]
+        }
+    )
+    error: ErrorBody
+
 
 class CreateApp(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    appID: str = Field(description="name of the application")
-    offlineBuckets: list[str] | None = Field(
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [{"appID": "shop"}, {"appID": "shop", "offlineBuckets": ["shop-batch"]}]
+        },
+    )
+    appID: str = Field(description="name of the application", json_schema_extra=NAME_SCHEMA)
+    offlineBuckets: list[Annotated[str, Field(json_schema_extra=BUCKET_SCHEMA)]] | None = Field(
         default=None, description="S3 buckets its offline jobs may use (default: the deployment's)"
     )
 
@@ -60,8 +106,18 @@ class AppCreated(BaseModel):
 
 
 class OnlineQuery(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    appID: str
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            # A query names its model, or states a latency and/or an accuracy target.
+            "anyOf": [present("modelName"), present("latency"), present("accuracy")],
+            "examples": [
+                {"appID": "shop", "inputs": [[0.0, 0.5, 1.0, 0.25]], "latency": 50, "accuracy": 0.8},
+                {"appID": "shop", "inputs": [0.0, 0.5, 1.0, 0.25], "modelName": "resnet"},
+            ],
+        },
+    )
+    appID: str = Field(json_schema_extra=NAME_SCHEMA)
     inputs: Any = Field(
         description="one input [*shape] or a batch [n, *shape] of numbers; for a model with several "
         "inputs, an object of them by input name ({name: [n, *shape]}). Binary bodies (.npy, .npz, "
@@ -69,7 +125,9 @@ class OnlineQuery(BaseModel):
     )
     latency: LatencyMs | None = None
     accuracy: Accuracy | None = None
-    modelName: str | None = Field(default=None, description="name the model instead of targets")
+    modelName: str | None = Field(
+        default=None, description="name the model instead of targets", json_schema_extra=NAME_SCHEMA
+    )
 
 
 class EnsembleReply(BaseModel):
@@ -113,9 +171,31 @@ class QueryReply(BaseModel):
 
 
 class ImportProfiles(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    appID: str
-    modelName: str
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "appID": "shop",
+                    "modelName": "resnet",
+                    "profiles": [
+                        {
+                            "recipe": "fp16-all",
+                            "pool": "gpu",
+                            "threads": 1,
+                            "latency_p50_ms": {"1": 2.0, "8": 5.0},
+                            "latency_p99_ms": {"1": 3.0, "8": 7.5},
+                            "load_latency_ms": 900.0,
+                            "accuracy": 0.76,
+                            "hardware": "NVIDIA T4",
+                        }
+                    ],
+                }
+            ]
+        },
+    )
+    appID: str = Field(json_schema_extra=NAME_SCHEMA)
+    modelName: str = Field(json_schema_extra=NAME_SCHEMA)
     profiles: list[dict[str, Any]] = Field(
         description="each: recipe, pool, threads or memory_mb, latency_p50_ms, latency_p99_ms "
         "({batch: ms}), load_latency_ms, accuracy, hardware; optional peak_memory_mb, saturation_qps"
@@ -126,9 +206,21 @@ class RegisterModel(BaseModel):
     """register_model's fields, as a JSON body (s3:// URIs only) or as multipart form fields
     beside the uploaded files (``model``, ``valSet``, ``modelData``)."""
 
-    model_config = ConfigDict(extra="forbid")
-    appID: str
-    modelName: str
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "appID": "shop",
+                    "modelName": "resnet",
+                    "modelUri": "s3://shop-models/resnet.onnx",
+                    "valSetUri": "s3://shop-models/resnet-val.npz",
+                }
+            ]
+        },
+    )
+    appID: str = Field(json_schema_extra=NAME_SCHEMA)
+    modelName: str = Field(json_schema_extra=NAME_SCHEMA)
     metric: str = Field(default="top1", description="accuracy metric: top1 or top5")
     modelUri: str | None = Field(
         default=None, description="s3://bucket/key of the model (.onnx, or a zip/tar with its external data)"
@@ -166,14 +258,40 @@ class RegistrationReply(BaseModel):
 
 
 class OfflineQuery(BaseModel):
-    """INFaaS ``offline_query(inputPath, outputPath, appID, accuracy)`` or ``(…, modelName)``."""
+    """INFaaS ``offline_query(inputPath, outputPath, appID, accuracy)`` or ``(…, modelName)``, or
+    every input through one of the app's pipelines (``pipeline``)."""
 
-    model_config = ConfigDict(extra="forbid")
-    appID: str
-    inputPath: str = Field(description="s3://bucket/prefix: every object under it is an input")
-    outputPath: str = Field(description="s3://bucket/prefix: results and the summary go here")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            # A job names its model or a pipeline, or states an accuracy target.
+            "anyOf": [present("modelName"), present("accuracy"), present("pipeline")],
+            "examples": [
+                {
+                    "appID": "shop",
+                    "inputPath": "s3://shop-batch/in/",
+                    "outputPath": "s3://shop-batch/out/",
+                    "accuracy": 0.75,
+                }
+            ],
+        },
+    )
+    appID: str = Field(json_schema_extra=NAME_SCHEMA)
+    inputPath: str = Field(
+        description="s3://bucket/prefix: every object under it is an input", json_schema_extra=S3_URI_SCHEMA
+    )
+    outputPath: str = Field(
+        description="s3://bucket/prefix: results and the summary go here", json_schema_extra=S3_URI_SCHEMA
+    )
     accuracy: Accuracy | None = None
-    modelName: str | None = Field(default=None, description="name the model instead of an accuracy")
+    modelName: str | None = Field(
+        default=None, description="name the model instead of an accuracy", json_schema_extra=NAME_SCHEMA
+    )
+    pipeline: str | None = Field(
+        default=None,
+        description="run every input through the app's pipeline of this name (each row on its own path)",
+        json_schema_extra=NAME_SCHEMA,
+    )
 
 
 class JobReply(BaseModel):
@@ -190,6 +308,10 @@ class JobReply(BaseModel):
     paused: bool
     pauseReason: str
     variant: str | None
+    pipeline: str | None = Field(default=None, description="the pipeline every input runs through")
+    stageVariants: dict[str, str] = Field(
+        default_factory=dict, description="a pipeline job's variant per stage, pinned at its first run"
+    )
     inputPath: str
     outputPath: str
     summaryPath: str | None
@@ -213,8 +335,10 @@ class JobReply(BaseModel):
 
 
 class OfflineBuckets(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    buckets: list[str] = Field(description="S3 buckets the app's offline jobs may read and write")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"buckets": ["shop-batch"]}]})
+    buckets: list[Annotated[str, Field(json_schema_extra=BUCKET_SCHEMA)]] = Field(
+        description="S3 buckets the app's offline jobs may read and write"
+    )
 
 
 # --- feedback and selection from it (Clipper §5; docs/QUERIES.md) -------------------------------
@@ -225,8 +349,19 @@ class Feedback(BaseModel):
     """The truth about an answered query: its label (one for every row, or one per row), or a
     reward in [0, 1] for the reply as a whole."""
 
-    model_config = ConfigDict(extra="forbid")
-    appID: str
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            # A label (or one per row) or a reward: exactly one of them.
+            "oneOf": [present("label"), present("reward")],
+            "examples": [
+                {"appID": "shop", "queryId": "3f2a9c0e", "label": 7},
+                {"appID": "shop", "queryId": "3f2a9c0e", "label": [7, 1]},
+                {"appID": "shop", "queryId": "3f2a9c0e", "reward": 0.5},
+            ],
+        },
+    )
+    appID: str = Field(json_schema_extra=NAME_SCHEMA)
     queryId: str = Field(min_length=1, max_length=200, description="the queryId of the query's reply")
     label: (
         Annotated[int, Field(strict=True, ge=0)] | list[Annotated[int, Field(strict=True, ge=0)]] | None
@@ -245,7 +380,7 @@ class FeedbackReply(BaseModel):
 
 
 class SetSelection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"policy": "exp3"}]})
     policy: SelectionPolicy
 
 

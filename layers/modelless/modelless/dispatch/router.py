@@ -37,6 +37,7 @@ from modelless.selection import (
     unreachable_error,
 )
 from modelless.tensors import from_feeds
+from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, RETRIED, TIER, VARIANT, WORKER, enabled, span
 from modelless.types import Decision, InstanceState, QueryTargets, Tier, WorkerState
 
 logger = Logger(service="gateway", child=True)
@@ -212,15 +213,43 @@ class Dispatcher:
         looking = time.perf_counter()
         started = looking if received is None else received
         # The prediction cache first (Clipper §4.2): a hit skips selection and inference.
-        cached = None if self.cache is None else self.cache.look_up(targets, inputs)
+        cached = None
+        if self.cache is not None:
+            with span("modelless.cache", {APP: targets.app_id}) as lookup:
+                cached = self.cache.look_up(targets, inputs)
+                lookup.set_attribute(CACHE_HIT, isinstance(cached, Answered))
         selecting = time.perf_counter()
         cache_ms = {} if self.cache is None else {"cache_ms": (selecting - looking) * 1000}
         if isinstance(cached, Answered):
             return self._cached_result(cached, query_id, cache_ms["cache_ms"], started, decode_ms, received)
-        decision = self.select(targets)
+        with span("modelless.selection", {APP: targets.app_id}) as selection:
+            decision = self.select(targets)
+            if enabled():  # the attributes are gathered only where a span records them
+                selection.set_attributes(
+                    {
+                        MODEL: decision.variant.model_name,
+                        VARIANT: decision.variant.variant_id,
+                        TIER: decision.tier.value,
+                    }
+                )
         selected = time.perf_counter()
         self._count_query(targets)
-        body, served = self.attempts.serve(targets, inputs, query_id, decision, started)
+        with span("modelless.dispatch", {APP: targets.app_id}) as dispatch:
+            body, served = self.attempts.serve(targets, inputs, query_id, decision, started)
+            if enabled():  # where it ran (a retry may have moved it), and the worker's own times
+                dispatch.set_attributes(
+                    {
+                        MODEL: served.variant.model_name,
+                        VARIANT: served.variant.variant_id,
+                        TIER: served.tier.value,
+                        WORKER: served.worker_id or "",
+                        RETRIED: served is not decision,
+                        COLD_START: bool(body.get("cold_start", False)),
+                        "modelless.queue_ms": float(body["queue_ms"]),
+                        "modelless.load_ms": float(body["load_ms"]),
+                        "modelless.inference_ms": float(body["inference_ms"]),
+                    }
+                )
         finished = time.perf_counter()
         compute_ms = (
             float(body["queue_ms"])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 
 from modelless.config import Settings
@@ -26,6 +26,8 @@ from modelless.wire import to_json_message
 
 logger = Logger(service="cpu_worker")
 metrics = Metrics(namespace="Modelless", service="cpu_worker")
+# X-Ray (template.yaml: Tracing: Active); off outside Lambda. Patched: S3 reads of variants.
+tracer = Tracer(service="cpu_worker", patch_modules=("botocore",))
 
 
 class CpuWorker:

@@ -24,9 +24,9 @@ from modelless.api import create_app
 from modelless.api.app import CORRELATION_HEADER
 from modelless.api.services import build_services
 from modelless.config import Settings
-from modelless.observability import logger, metrics
+from modelless.observability import logger, metrics, tracer
 
-__all__ = ["CORRELATION_ID_PATH", "Gateway", "container_settings", "logger", "metrics"]
+__all__ = ["CORRELATION_ID_PATH", "Gateway", "container_settings", "logger", "metrics", "tracer"]
 
 CORRELATION_ID_PATH = 'headers."x-correlation-id" || requestContext.requestId'
 

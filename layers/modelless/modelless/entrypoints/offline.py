@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAlreadyInProgressError
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -40,6 +40,9 @@ from modelless.pools.catalog import DEFAULT_POOLS
 
 logger = Logger(service="offline")
 metrics = Metrics(namespace="Modelless", service="offline")
+# X-Ray (template.yaml: Tracing: Active); off outside Lambda. Patched: S3 and Lambda calls
+# (botocore), the workers (httpx).
+tracer = Tracer(service="offline", patch_modules=("botocore", "httpx"))
 
 # The correlation id of every event shape it takes: S3's request id, the SQS message, the job
 # being continued, the schedule's event id.

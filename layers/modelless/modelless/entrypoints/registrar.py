@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 
 from modelless.config import Settings
@@ -34,6 +34,8 @@ from modelless.types import RegistrationStatus
 
 logger = Logger(service="registrar")
 metrics = Metrics(namespace="Modelless", service="registrar")
+# X-Ray (template.yaml: Tracing: Active); off outside Lambda. Patched: the model repository in S3.
+tracer = Tracer(service="registrar", patch_modules=("botocore",))
 
 # Anything else: a duplicate delivery of a job that had already left the queue.
 OUTCOMES = {RegistrationStatus.READY: "Ready", RegistrationStatus.FAILED: "Failed"}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -28,11 +28,14 @@ from modelless.config import Settings
 from modelless.metadata import open_metadata_store
 from modelless.pools.aws import AwsPoolProvider
 from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.scaling.controller import Scaler, ScalerConfig
+from modelless.scaling.controller import Scaler, ScalerConfig, record_plan
 from modelless.scaling.ticks import ScheduledTicks
 
 logger = Logger(service="scaler")
 metrics = Metrics(namespace="Modelless", service="scaler")
+# X-Ray (template.yaml: Tracing: Active); off outside Lambda. Patched: Auto Scaling calls
+# (botocore), load and unload calls to the workers (httpx).
+tracer = Tracer(service="scaler", patch_modules=("botocore", "httpx"))
 
 
 class ScalerFunction:
@@ -57,6 +60,7 @@ class ScalerFunction:
     def scaling_tick(self, now: float) -> dict[str, Any]:
         """One tick: the plan, applied; its summary logged and its figures added to the metrics."""
         report = self.scaler.tick(now)
+        record_plan(self.store, report, now)  # what the gateways' dashboard shows
         shortfall = self.pools.shortfall
         # Instances the plan wants that no worker took yet (workers still booting, or full).
         summary = {**report.summary(), "unplaced": {pool: dict(v) for pool, v in shortfall.items() if v}}

@@ -141,6 +141,9 @@ class MetadataStore(OfflineJobStore, Protocol):
 
     def app_for_key(self, key_hash: str) -> str | None: ...
 
+    def list_apps(self) -> list[str]:
+        """Every app's id, sorted: what the admin's dashboard lists (never on a query's path)."""
+
     # --- models and registrations ---------------------------------------------------------------
     def add_model(self, model: ModelRecord, registration: Registration) -> None:
         """Atomically record a new model and its registration; ConflictError if the name is taken."""
@@ -220,6 +223,14 @@ class MetadataStore(OfflineJobStore, Protocol):
         """Drop the lease if ``owner`` holds it."""
 
     def scaler_lease_holder(self) -> str | None: ...
+
+    # --- the plan the scaler applied last (JSON): what the dashboard shows ---------------------
+    def put_scaling_plan(self, plan: str) -> None:
+        """Replace the recorded plan (the scaler runs apart from every gateway: this is how they
+        learn what it decided)."""
+
+    def scaling_plan(self) -> str | None:
+        """The recorded plan; None before the first tick."""
 
     # --- idempotency keys: a retried request gets its first reply, and nothing runs twice -------
     def claim_request(

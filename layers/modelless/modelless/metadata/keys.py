@@ -59,6 +59,10 @@ class KeySpace:
         """String with a TTL: the scheduled scaler invocation that ticks now (one at a time)."""
         return f"{self.prefix}scaler-lease"
 
+    def scaling_plan(self) -> str:
+        """String: the plan the scaler applied last (JSON, ``ScalingReport.published``)."""
+        return f"{self.prefix}scaling-plan"
+
     # --- offline jobs (DESIGN §6) ---------------------------------------------------------------
     def offline_buckets(self, app_id: str) -> str:
         """JSON list: the S3 buckets the app's offline jobs may read and write."""

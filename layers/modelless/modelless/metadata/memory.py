@@ -41,6 +41,7 @@ class InMemoryMetadataStore:
         self._job_errors: dict[str, dict[str, str]] = {}
         self._leases: dict[str, tuple[str, float]] = {}  # job -> (owner, expiry on the lease clock)
         self._scaler_lease: dict[str, tuple[str, float]] = {}  # the scaler's lease, as a job's
+        self._scaling_plan: str | None = None
         # Idempotency keys: (app, operation, key) -> (record, expiry on the lease clock).
         self._request_keys: dict[tuple[str, str, str], tuple[IdempotentRequest, float]] = {}
 
@@ -56,6 +57,10 @@ class InMemoryMetadataStore:
 
     def app_for_key(self, key_hash: str) -> str | None:
         return self._keys.get(key_hash)
+
+    def list_apps(self) -> list[str]:
+        with self._lock:
+            return sorted(self._apps)
 
     def add_model(self, model: ModelRecord, registration: Registration) -> None:
         with self._lock:
@@ -317,6 +322,12 @@ class InMemoryMetadataStore:
 
     def scaler_lease_holder(self) -> str | None:
         return self._lease_holder(self._scaler_lease, "scaler")
+
+    def put_scaling_plan(self, plan: str) -> None:
+        self._scaling_plan = plan
+
+    def scaling_plan(self) -> str | None:
+        return self._scaling_plan
 
     def expire_job_progress(self, job_id: str, after_s: float) -> None:
         # Nothing outlives the process here; the sets stay for as long as it runs.

@@ -217,6 +217,14 @@ class RedisMetadataStore:
         raw = self._redis.get(self.keys.api_key(key_hash))
         return raw.decode() if isinstance(raw, bytes) else None
 
+    def list_apps(self) -> list[str]:
+        # A scan of the app records rather than a set kept beside them: it finds every app a
+        # store holds, those created before it was asked for too. It walks the keyspace, which
+        # only the admin's dashboard (a poll every few seconds) can afford.
+        marker = self.keys.app("")
+        found = self._redis.scan_iter(match=f"{_glob_escaped(marker)}*", count=1000)
+        return sorted(key.decode()[len(marker) :] for key in found)
+
     # --- models and registrations ---------------------------------------------------------------
     def add_model(self, model: ModelRecord, registration: Registration) -> None:
         model_key = self.keys.model(model.app_id, model.model_name)
@@ -582,6 +590,13 @@ class RedisMetadataStore:
         raw = self._redis.get(self.keys.scaler_lease())
         return raw.decode() if isinstance(raw, bytes) else None
 
+    def put_scaling_plan(self, plan: str) -> None:
+        self._redis.set(self.keys.scaling_plan(), plan)
+
+    def scaling_plan(self) -> str | None:
+        raw = self._redis.get(self.keys.scaling_plan())
+        return raw.decode() if isinstance(raw, bytes) else None
+
     def expire_job_progress(self, job_id: str, after_s: float) -> None:
         seconds = max(1, int(after_s))
         with self._redis.pipeline(transaction=True) as pipe:
@@ -685,3 +700,8 @@ def _live(states: list[WorkerState], pool: str | None) -> list[WorkerState]:
     fresh_after = time.time() - WORKER_STALE_AFTER_S
     live = [s for s in states if s.reported_at >= fresh_after and (pool is None or s.pool == pool)]
     return sorted(live, key=lambda w: (w.utilisation, w.worker_id))
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` matched literally in a SCAN pattern (a test's key prefix may hold glob characters)."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

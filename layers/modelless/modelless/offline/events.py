@@ -100,12 +100,14 @@ def refused_manifest_spec(data: bytes, bucket: str) -> JobSpec | None:
 
     accuracy = body.get("accuracy")
     model_name = body.get("modelName")
+    pipeline = body.get("pipeline")
     return JobSpec(
         app_id=body["appID"],
         input_path=path(body.get("inputPath")),
         output_path=path(body.get("outputPath")),
         min_accuracy=float(accuracy) if _is_accuracy(accuracy) else 0.0,
         model_name=model_name if isinstance(model_name, str) else None,
+        pipeline=pipeline if isinstance(pipeline, str) else None,
     )
 
 
@@ -119,14 +121,14 @@ def parse_manifest(data: bytes, bucket: str) -> JobSpec:
         raise InvalidJobError(f"manifest is not JSON: {error}") from error
     if not isinstance(body, dict):
         raise InvalidJobError("manifest must be a JSON object")
-    unknown = set(body) - {"appID", "inputPath", "outputPath", "accuracy", "modelName"}
+    unknown = set(body) - {"appID", "inputPath", "outputPath", "accuracy", "modelName", "pipeline"}
     if unknown:
         raise InvalidJobError(f"manifest has unknown fields {sorted(unknown)}")
     missing = {"appID", "inputPath", "outputPath"} - set(body)
     if missing:
         raise InvalidJobError(f"manifest lacks {sorted(missing)}")
-    if body.get("accuracy") is None and body.get("modelName") is None:
-        raise InvalidJobError("manifest needs an accuracy target or a modelName")
+    if body.get("accuracy") is None and body.get("modelName") is None and body.get("pipeline") is None:
+        raise InvalidJobError("manifest needs an accuracy target, a modelName or a pipeline")
 
     def path(value: Any, what: str) -> str:
         if not isinstance(value, str):
@@ -139,12 +141,16 @@ def parse_manifest(data: bytes, bucket: str) -> JobSpec:
     model_name = body.get("modelName")
     if model_name is not None and not isinstance(model_name, str):
         raise InvalidJobError("manifest modelName must be a string")
+    pipeline = body.get("pipeline")
+    if pipeline is not None and not isinstance(pipeline, str):
+        raise InvalidJobError("manifest pipeline must be a string")
     return JobSpec(
         app_id=str(body["appID"]),
         input_path=path(body["inputPath"], "inputPath"),
         output_path=path(body["outputPath"], "outputPath"),
         min_accuracy=float(accuracy or 0.0),
         model_name=model_name,
+        pipeline=pipeline,
     )
 
 
@@ -317,9 +323,9 @@ class SqsEventPoller:
         self, queue_url: str, handle: Callable[[dict[str, Any]], Any], client: Any | None = None
     ) -> None:
         if client is None:
-            import boto3
+            from modelless import aws_clients
 
-            client = boto3.client("sqs")
+            client = aws_clients.client("sqs")
         self._queue_url = queue_url
         self._handle = handle
         self._sqs = client

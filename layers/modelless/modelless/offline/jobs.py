@@ -52,13 +52,14 @@ class S3Path:
 @dataclass(frozen=True)
 class JobSpec:
     """What a caller asks for: INFaaS ``offline_query(inputPath, outputPath, appID, accuracy)``
-    or ``(…, modelName)``."""
+    or ``(…, modelName)``, or every input through one of the app's pipelines (``pipeline``)."""
 
     app_id: str
     input_path: str
     output_path: str
     min_accuracy: float = 0.0
     model_name: str | None = None
+    pipeline: str | None = None
 
 
 def is_input(key: str) -> bool:

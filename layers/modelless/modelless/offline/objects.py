@@ -59,9 +59,9 @@ class ObjectStore(Protocol):
 class S3ObjectStore:
     def __init__(self, client: Any | None = None) -> None:
         if client is None:
-            import boto3
+            from modelless import aws_clients
 
-            client = boto3.client("s3")
+            client = aws_clients.client("s3")
         self._s3 = client
 
     def bucket_exists(self, bucket: str) -> bool:

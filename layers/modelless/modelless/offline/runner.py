@@ -41,7 +41,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -49,12 +49,22 @@ import numpy as np
 from aws_lambda_powertools import Logger
 
 from modelless.cache.predictions import CachedPredictions
-from modelless.exceptions import ModellessError, NotFoundError, OfflineInputError, S3AccessDeniedError
+from modelless.exceptions import (
+    InvalidInputError,
+    ModellessError,
+    NotFoundError,
+    OfflineInputError,
+    S3AccessDeniedError,
+)
+from modelless.inputs import check_batch
 from modelless.metadata.base import JobSave, OfflineJobStore
 from modelless.offline.compute import Compute, Paused, batch_rows
 from modelless.offline.decoding import decode_input
 from modelless.offline.jobs import RESULT_SUFFIX, S3Path, is_input, is_watch_source, output_key, summary_key
 from modelless.offline.objects import ObjectStore
+from modelless.pipelines.batch import run_batch
+from modelless.pipelines.spec import REQUEST_INPUT, PipelineSpec
+from modelless.pipelines.store import PipelineStore
 from modelless.selection import Candidates
 from modelless.types import Decision, JobStatus, ModelRecord, OfflineJob, VariantProfile
 
@@ -139,6 +149,15 @@ class _Decoded:
     key: str
     rows: np.ndarray
     cached_by: str | None = None  # answered from the prediction cache: the variant that computed it
+    answered_by: list[str] | None = None  # a pipeline job's: per row, the stage that answered it
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """A pipeline job's stage: its pinned variant and its model (the contract its rows meet)."""
+
+    variant: VariantProfile
+    model: ModelRecord
 
 
 @dataclass
@@ -156,6 +175,10 @@ class _RunState:
     paused_since: float | None = None
     recent: list[str] = field(default_factory=list)
     cache_admits: frozenset[str] | None = None  # variants whose cached answers the job may take
+    # A pipeline job's DAG and stages (None: a one-model job); ``variant`` and ``model`` are then
+    # its entry stage's, whose model the inputs are decoded for.
+    pipeline: PipelineSpec | None = None
+    stages: dict[str, _Stage] = field(default_factory=dict)
 
 
 @dataclass
@@ -184,10 +207,13 @@ class JobRunner:
         sleep: Callable[[float], None] = time.sleep,
         owner: str | None = None,
         predictions: CachedPredictions | None = None,
+        pipelines: PipelineStore | None = None,
     ) -> None:
         """``predictions``: the prediction cache online queries share (None: none): inputs whose
-        rows are cached are not run, and what runs is cached (``_infer_cached``)."""
+        rows are cached are not run, and what runs is cached (``_infer_cached``). ``pipelines``:
+        where a pipeline job's DAG is read (None: pipeline jobs fail, saying so)."""
         self._store = store
+        self._pipelines = pipelines
         self._predictions = predictions
         self._objects = objects
         self._compute = compute
@@ -253,20 +279,33 @@ class JobRunner:
         output_path = S3Path.parse(job.output_path, "outputPath")
         try:
             items = self._inputs(job, input_path)
-            variant = self._variant(job)
-            model = self._models(job.app_id, variant.model_name)
-            if model is None:
-                raise NotFoundError(f"model {variant.model_name!r} of app {job.app_id!r} no longer exists")
+            pipeline, stages = self._pipeline_stages(job)
+            if pipeline is None:
+                variant = self._variant(job)
+                model = self._model_of(job, variant)
+            else:
+                variant, model = stages[pipeline.entry].variant, stages[pipeline.entry].model
         except ModellessError as error:
             return self._fail(job, report, error.message)
-        state = _RunState(job, variant, model, input_path, output_path, deadline, report, active_since=now)
+        state = _RunState(
+            job,
+            variant,
+            model,
+            input_path,
+            output_path,
+            deadline,
+            report,
+            active_since=now,
+            pipeline=pipeline,
+            stages=stages,
+        )
         try:
             with ThreadPoolExecutor(self._config.io_threads, thread_name_prefix="offline-io") as io:
                 while True:
                     done = self._store.done_items(job.job_id)
                     pending = [key for key in items if key not in done]
                     job.total = len(items)
-                    job.message = f"{len(pending)} of {len(items)} inputs to go on {variant.variant_id}"
+                    job.message = f"{len(pending)} of {len(items)} inputs to go on {_running_on(state)}"
                     self._heartbeat(state, force=True)
                     for group in _chunks(pending, max(1, job.batch, self._config.group_inputs)):
                         self._check_deadline(state)
@@ -305,14 +344,53 @@ class JobRunner:
     def _variant(self, job: OfflineJob) -> VariantProfile:
         """The job's variant: pinned at its first run, so that every result comes from it."""
         if job.variant_id is not None:
-            found = next((v for v in self._variants(job.app_id) if v.variant_id == job.variant_id), None)
-            if found is None:
-                raise NotFoundError(f"the job's variant {job.variant_id} no longer exists")
-            return found
+            return self._pinned(job, job.variant_id, "the job's variant")
         variant = self._compute.choose_variant(job)
         job.variant_id = variant.variant_id
         job.batch = batch_rows(variant, self._config.max_rows, self._config.run_ms)
         return variant
+
+    def _pinned(self, job: OfflineJob, variant_id: str, what: str) -> VariantProfile:
+        found = next((v for v in self._variants(job.app_id) if v.variant_id == variant_id), None)
+        if found is None:
+            raise NotFoundError(f"{what} {variant_id} no longer exists")
+        return found
+
+    def _model_of(self, job: OfflineJob, variant: VariantProfile) -> ModelRecord:
+        model = self._models(job.app_id, variant.model_name)
+        if model is None:
+            raise NotFoundError(f"model {variant.model_name!r} of app {job.app_id!r} no longer exists")
+        return model
+
+    def _pipeline_stages(self, job: OfflineJob) -> tuple[PipelineSpec | None, dict[str, _Stage]]:
+        """A pipeline job's DAG and its stages' variants, each chosen as a one-model job's would
+        be (its model, the stricter of the job's and the stage's accuracy floors) and pinned at
+        the first run, so that every result comes from the same variants."""
+        if job.pipeline is None:
+            return None, {}
+        spec = None if self._pipelines is None else self._pipelines.get(job.app_id, job.pipeline)
+        if spec is None:
+            raise NotFoundError(f"pipeline {job.pipeline!r} of app {job.app_id!r} no longer exists")
+        stages: dict[str, _Stage] = {}
+        for stage in spec.stages:
+            pinned = job.stage_variants.get(stage.name)
+            if pinned is not None:
+                variant = self._pinned(job, pinned, f"stage {stage.name!r}'s variant")
+            else:
+                floor = max(job.min_accuracy, spec.accuracy if stage.accuracy is None else stage.accuracy)
+                try:
+                    variant = self._compute.choose_variant(
+                        replace(job, model_name=stage.model, min_accuracy=floor)
+                    )
+                except ModellessError as error:
+                    error.within(f"pipeline {spec.name!r}, stage {stage.name!r}", stage=stage.name)
+                    raise
+            stages[stage.name] = _Stage(variant, self._model_of(job, variant))
+        job.stage_variants = {name: stage.variant.variant_id for name, stage in stages.items()}
+        entry = stages[spec.entry].variant
+        job.variant_id = entry.variant_id
+        job.batch = batch_rows(entry, self._config.max_rows, self._config.run_ms)
+        return spec, stages
 
     # --- one group of inputs ----------------------------------------------------------------------
 
@@ -364,6 +442,10 @@ class JobRunner:
         if cache is None or not decoded:
             return self._infer(state, decoded)
         job, model = state.job, state.model
+        if state.pipeline is not None:
+            # Rows are cached per model; a pipeline's answer is per row of several models (not
+            # cached: its stages' rows would need a cache entry of their own each).
+            return self._infer(state, decoded)
         if state.cache_admits is None:
             admitted = Candidates(self._variants(job.app_id)).subset(job.min_accuracy, job.model_name)
             state.cache_admits = frozenset(v.variant_id for v in admitted)
@@ -403,7 +485,7 @@ class JobRunner:
         if not decoded:
             return []
         try:
-            outputs = self._run_rows(state, np.concatenate([d.rows for d in decoded]))
+            outputs = self._run_all(state, decoded, np.concatenate([d.rows for d in decoded]))
         except _BatchRefused as refused:
             if len(decoded) == 1:
                 return [f"the worker refused the input: {refused.error.message}"]
@@ -416,16 +498,53 @@ class JobRunner:
             offset += len(item.rows)
         return split
 
-    def _run_rows(self, state: _RunState, rows: np.ndarray) -> np.ndarray:
-        step = max(1, state.job.batch)
-        parts = [self._run_batch(state, rows[start : start + step]) for start in range(0, len(rows), step)]
+    def _run_all(self, state: _RunState, decoded: list[_Decoded], rows: np.ndarray) -> np.ndarray:
+        """The rows' outputs from the job's variant; for a pipeline job, each row's answer from
+        one stage-wise pass over the DAG (``pipelines.batch``), whose stages' answered rows are
+        noted on the inputs; their outputs are padded with NaN to the widest stage's width."""
+        if state.pipeline is None:
+            return self._run_rows(state, rows, state.variant, state.job.batch)
+        stages = state.stages
+        pipeline = state.pipeline
+
+        def run_stage(name: str, stage_rows: np.ndarray) -> np.ndarray:
+            stage = stages[name]
+            if pipeline.stage(name).input != REQUEST_INPUT:
+                try:  # a predecessor's outputs, as the stage's model takes them
+                    stage_rows = check_batch(stage_rows, stage.model, len(stage_rows))
+                except InvalidInputError as error:
+                    error.within(f"stage {name!r} cannot take its input stage's outputs")
+                    raise _BatchRefused(error) from error
+            batch = batch_rows(stage.variant, self._config.max_rows, self._config.run_ms)
+            return self._run_rows(state, stage_rows, stage.variant, batch)
+
+        routed = run_batch(pipeline, rows, run_stage)
+        if self._pipelines is not None:
+            self._pipelines.add_branch_counts(state.job.app_id, pipeline.name, routed.branches)
+        offset = 0
+        for item in decoded:
+            item.answered_by = routed.answered_by[offset : offset + len(item.rows)]
+            offset += len(item.rows)
+        width = max(len(row) for row in routed.outputs)
+        padded = np.full((len(routed.outputs), width), np.nan)
+        for index, row in enumerate(routed.outputs):
+            padded[index, : len(row)] = row
+        return padded
+
+    def _run_rows(
+        self, state: _RunState, rows: np.ndarray, variant: VariantProfile, batch: int
+    ) -> np.ndarray:
+        step = max(1, batch)
+        parts = [
+            self._run_batch(state, variant, rows[start : start + step]) for start in range(0, len(rows), step)
+        ]
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
-    def _run_batch(self, state: _RunState, rows: np.ndarray) -> np.ndarray:
+    def _run_batch(self, state: _RunState, variant: VariantProfile, rows: np.ndarray) -> np.ndarray:
         """One inference run where and when the compute allows, retrying worker failures."""
         delay = self._config.retry_s
         while True:
-            decision = self._wait_for_capacity(state, len(rows))
+            decision = self._wait_for_capacity(state, variant, len(rows))
             try:
                 return self._compute.run(decision, rows, f"{state.job.job_id}:{uuid.uuid4().hex[:8]}").outputs
             except ModellessError as error:
@@ -441,11 +560,11 @@ class JobRunner:
             self._idle(state, delay)
             delay = min(self._config.max_retry_s, delay * 2)
 
-    def _wait_for_capacity(self, state: _RunState, rows: int) -> Decision:
+    def _wait_for_capacity(self, state: _RunState, variant: VariantProfile, rows: int) -> Decision:
         """Where the batch may run now; while nowhere (online traffic has the workers), wait."""
         self._renew(state.job)  # before every run: a run may wait long for an idle moment
         while True:
-            verdict = self._compute.acquire(state.variant, rows)
+            verdict = self._compute.acquire(variant, rows)
             if not isinstance(verdict, Paused):
                 if state.paused_since is not None:
                     with self._live.lock:
@@ -480,15 +599,33 @@ class JobRunner:
         job = state.job
         key = output_key(state.input_path.prefix, state.output_path.prefix, item.key)
         values = np.asarray(outputs, dtype=np.float64)
-        body = {
+        body: dict[str, Any] = {
             "input": state.input_path.url_of(item.key),
             "job": job.job_id,
             "model": state.variant.model_name,
             "variant": item.cached_by or state.variant.variant_id,
             "cached": item.cached_by is not None,
-            "predictions": np.argmax(values, axis=1).astype(int).tolist(),
-            "outputs": values.round(6).tolist(),
         }
+        if state.pipeline is not None and item.answered_by is not None:
+            # Each row's answer is its answering stage's outputs (rows of stages with fewer
+            # classes were padded with NaN for the batch: the padding is not theirs).
+            rows = [row[~np.isnan(row)] for row in values]
+            body |= {
+                "pipeline": state.pipeline.name,
+                "answeredBy": item.answered_by,
+                "stages": {
+                    name: {"model": s.variant.model_name, "variant": s.variant.variant_id}
+                    for name, s in state.stages.items()
+                },
+                "predictions": [int(np.argmax(row)) for row in rows],
+                "outputs": [row.round(6).tolist() for row in rows],
+            }
+            del body["model"], body["variant"]
+        else:
+            body |= {
+                "predictions": np.argmax(values, axis=1).astype(int).tolist(),
+                "outputs": values.round(6).tolist(),
+            }
         data = json.dumps(body, sort_keys=True).encode()
         self._objects.put_once(state.output_path.bucket, key, data, job.job_id, "application/json")
         return key
@@ -517,7 +654,11 @@ class JobRunner:
             "model": state.variant.model_name,
             "variant": state.variant.variant_id,
             "variantAccuracy": state.variant.accuracy,
-            "requested": {"accuracy": job.min_accuracy, "modelName": job.model_name},
+            "requested": {
+                "accuracy": job.min_accuracy,
+                "modelName": job.model_name,
+                "pipeline": job.pipeline,
+            },
             "total": job.total,
             "succeeded": done - failed,
             "failed": failed,
@@ -528,6 +669,16 @@ class JobRunner:
             "runs": job.runs,
             "resultSuffix": RESULT_SUFFIX,
         }
+        if state.pipeline is not None:
+            summary["pipeline"] = state.pipeline.name
+            summary["stages"] = {
+                name: {
+                    "model": s.variant.model_name,
+                    "variant": s.variant.variant_id,
+                    "accuracy": s.variant.accuracy,
+                }
+                for name, s in state.stages.items()
+            }
         data = json.dumps(summary, indent=2, sort_keys=True).encode()
         if watch:
             # A watch's summary is a living report: rewritten each time its job catches up.
@@ -657,6 +808,14 @@ class JobRunner:
             job.heartbeat_at = now
             self._live.last_heartbeat = now
             self._save(job)
+
+
+def _running_on(state: _RunState) -> str:
+    if state.pipeline is None:
+        return state.variant.variant_id
+    return (
+        f"pipeline {state.pipeline.name!r} ({', '.join(s.variant.variant_id for s in state.stages.values())})"
+    )
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:

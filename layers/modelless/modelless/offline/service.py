@@ -44,7 +44,13 @@ from aws_lambda_powertools import Logger
 
 from modelless.cache.predictions import CachedPredictions
 from modelless.config import Settings
-from modelless.exceptions import ForbiddenError, InvalidJobError, NotFoundError, S3AccessDeniedError
+from modelless.exceptions import (
+    ForbiddenError,
+    InvalidJobError,
+    ModellessError,
+    NotFoundError,
+    S3AccessDeniedError,
+)
 from modelless.metadata.base import MetadataStore, open_metadata_store
 from modelless.offline.compute import Compute, WorkerCompute, explain_no_candidates, offline_candidates
 from modelless.offline.jobs import (
@@ -59,6 +65,7 @@ from modelless.offline.jobs import (
 from modelless.offline.objects import ObjectStore, S3ObjectStore
 from modelless.offline.runner import STALLED_AFTER_S, JobRunner, RunnerConfig, RunOutcome, RunReport
 from modelless.offline.throttle import ThrottleConfig
+from modelless.pipelines.store import PipelineStore, pipeline_store_for
 from modelless.pools.catalog import PoolSpec
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.types import JobStatus, OfflineJob, WorkerState
@@ -183,9 +190,9 @@ class LambdaLauncher:
 
     def launch(self, job_id: str) -> None:
         if self._lambda is None:
-            import boto3
+            from modelless import aws_clients
 
-            self._lambda = boto3.client("lambda")
+            self._lambda = aws_clients.client("lambda")
         self._lambda.invoke(
             FunctionName=self._function, InvocationType="Event", Payload=json.dumps({"jobId": job_id})
         )
@@ -493,6 +500,8 @@ class OfflineService:
     watches: list[Watch] = field(default_factory=list)
     # The prediction cache online queries share (None: none; modelless.cache).
     predictions: CachedPredictions | None = None
+    # Where a pipeline job's DAG is read (None: beside the metadata store, as the gateway's).
+    pipelines: PipelineStore | None = None
     _objects: ObjectStore | None = field(default=None, init=False)
     _invoker: HttpWorkerInvoker | None = field(default=None, init=False)
 
@@ -591,7 +600,9 @@ class OfflineService:
                 raise NotFoundError(
                     f"{what} {path}: bucket {path.bucket!r} does not exist", bucket=path.bucket
                 )
-        if not offline_candidates(self.store, self.pools, spec.app_id, spec.min_accuracy, spec.model_name):
+        if spec.pipeline is not None:
+            self._check_pipeline(spec)
+        elif not offline_candidates(self.store, self.pools, spec.app_id, spec.min_accuracy, spec.model_name):
             raise explain_no_candidates(self.store, spec.app_id, spec.min_accuracy, spec.model_name)
         if require_inputs:
             # A few keys are enough to know there is an input (folder markers and manifests are not).
@@ -601,6 +612,36 @@ class OfflineService:
             if not listed:
                 raise InvalidJobError(f"inputPath {inputs}: no objects under it", inputPath=str(inputs))
         return inputs, outputs
+
+    def pipeline_store(self) -> PipelineStore:
+        if self.pipelines is None:
+            self.pipelines = pipeline_store_for(self.store)
+        return self.pipelines
+
+    def _check_pipeline(self, spec: JobSpec) -> None:
+        """A pipeline job: the app has the pipeline, and every stage has a variant an offline job
+        may use (its model's, on a provisioned pool, at the stricter of the job's and the stage's
+        accuracy floors)."""
+        assert spec.pipeline is not None
+        check_name("pipeline", spec.pipeline)
+        if spec.model_name is not None:
+            raise InvalidJobError(
+                "give a modelName or a pipeline, not both: a pipeline names its stages' models",
+                modelName=spec.model_name,
+                pipeline=spec.pipeline,
+            )
+        pipeline = self.pipeline_store().get(spec.app_id, spec.pipeline)
+        if pipeline is None:
+            raise NotFoundError(
+                f"app {spec.app_id!r} has no pipeline named {spec.pipeline!r}", pipeline=spec.pipeline
+            )
+        for stage in pipeline.stages:
+            floor = max(spec.min_accuracy, pipeline.accuracy if stage.accuracy is None else stage.accuracy)
+            if not offline_candidates(self.store, self.pools, spec.app_id, floor, stage.model):
+                error = explain_no_candidates(self.store, spec.app_id, floor, stage.model)
+                if isinstance(error, ModellessError):
+                    error.within(f"pipeline {pipeline.name!r}, stage {stage.name!r}", stage=stage.name)
+                raise error
 
     # --- jobs -----------------------------------------------------------------------------------
 
@@ -620,6 +661,7 @@ class OfflineService:
             source=source,
             created_at=self.clock(),
             message="queued",
+            pipeline=spec.pipeline,
         )
         if not self.store.create_job(job):
             existing = self.store.get_job(job.job_id)
@@ -646,6 +688,7 @@ class OfflineService:
             output_path=str(spec.output_path),
             min_accuracy=spec.min_accuracy,
             model_name=spec.model_name,
+            pipeline=spec.pipeline,
             source=source,
             status=JobStatus.FAILED,
             message=f"{REFUSED}{message}",
@@ -779,6 +822,7 @@ class OfflineService:
             clock=self.clock,
             owner=owner,
             predictions=self.predictions,
+            pipelines=self.pipeline_store(),
         )
 
     def run(self, job_id: str, deadline: float | None = None, owner: str | None = None) -> RunReport:

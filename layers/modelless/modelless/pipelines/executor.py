@@ -136,8 +136,7 @@ class PipelineExecutor:
             try:
                 result = self._dispatcher.online_query(targets, stage_inputs, f"{query_id}.{name}")
             except ModellessError as error:
-                error.message = f"pipeline {spec.name!r}, stage {name!r}: {error.message}"
-                error.details.setdefault("stage", name)
+                error.within(f"pipeline {spec.name!r}, stage {name!r}", stage=name)
                 raise
             return StageRun(
                 name,

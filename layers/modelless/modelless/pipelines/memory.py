@@ -38,11 +38,14 @@ class InMemoryPipelineStore:
             return self._specs.get(app_id, {}).pop(name, None) is not None
 
     def count_branches(self, app_id: str, name: str, taken: dict[str, bool]) -> None:
+        self.add_branch_counts(app_id, name, {edge: (1, int(was)) for edge, was in taken.items()})
+
+    def add_branch_counts(self, app_id: str, name: str, counts: dict[str, tuple[int, int]]) -> None:
         with self._lock:
-            counts = self._branches.setdefault((app_id, name), {})
-            for edge, was_taken in taken.items():
-                old = counts.get(edge, BranchCount(0, 0))
-                counts[edge] = BranchCount(old.seen + 1, old.taken + int(was_taken))
+            kept = self._branches.setdefault((app_id, name), {})
+            for edge, (seen, taken) in counts.items():
+                old = kept.get(edge, BranchCount(0, 0))
+                kept[edge] = BranchCount(old.seen + seen, old.taken + taken)
 
     def branches(self, app_id: str, name: str) -> dict[str, BranchCount]:
         with self._lock:

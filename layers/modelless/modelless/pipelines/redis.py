@@ -42,13 +42,16 @@ class RedisPipelineStore:
         return bool(deleted)
 
     def count_branches(self, app_id: str, name: str, taken: dict[str, bool]) -> None:
-        if not taken:
+        self.add_branch_counts(app_id, name, {edge: (1, int(was)) for edge, was in taken.items()})
+
+    def add_branch_counts(self, app_id: str, name: str, counts: dict[str, tuple[int, int]]) -> None:
+        if not counts:
             return
         key = self.keys.pipeline_branches(app_id, name)
         with self._redis.pipeline(transaction=True) as pipe:
-            for edge, was_taken in taken.items():
-                pipe.hincrby(key, f"{edge}:seen", 1)
-                pipe.hincrby(key, f"{edge}:taken", int(was_taken))
+            for edge, (seen, taken) in counts.items():
+                pipe.hincrby(key, f"{edge}:seen", seen)
+                pipe.hincrby(key, f"{edge}:taken", taken)
             pipe.execute()
 
     def branches(self, app_id: str, name: str) -> dict[str, BranchCount]:

@@ -4,6 +4,7 @@ look up, delete, and query (docs/PIPELINES.md)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from modelless.dispatch.router import Dispatcher
 from modelless.exceptions import ConflictError, InvalidInputError, NotFoundError, PlannerUnavailableError
 from modelless.inputs import query_inputs
 from modelless.metadata.base import MetadataStore
+from modelless.pipelines.autopilot import ArrivalLog
 from modelless.pipelines.executor import PipelineExecutor, PipelineRun
 from modelless.pipelines.spec import PipelineSpec
 from modelless.pipelines.store import BranchCount, PipelineStore
@@ -37,6 +39,8 @@ class PipelineService:
         self._max_batch = max_batch
         self._pools = pools
         self.executor = PipelineExecutor(dispatcher, store, max_batch, self._expected_ms)
+        # When each stage ran: the tuner's envelopes (modelless.pipelines.autopilot).
+        self.arrivals = ArrivalLog()
         # This gateway's latest plan per pipeline: its budgets are what a stage's query leaves
         # for the stages after it.
         self._plans: dict[tuple[str, str], PipelinePlan] = {}
@@ -69,6 +73,7 @@ class PipelineService:
     def delete(self, app_id: str, name: str) -> None:
         with self._lock:
             self._plans.pop((app_id, name), None)
+        self.arrivals.forget(app_id, name)
         if not self.store.delete(app_id, name):
             raise NotFoundError(f"app {app_id!r} has no pipeline named {name!r}", pipeline=name)
 
@@ -80,10 +85,13 @@ class PipelineService:
     ) -> PipelineRun:
         """One online query: ``raw_inputs`` as an online query's JSON ``inputs``, checked against
         the entry stage's model."""
+        arrived = time.time()
         spec = self.get(app_id, name)
         contract = self._dispatcher.profiles.input_contract(app_id, spec.stage(spec.entry).model)
         inputs = query_inputs(raw_inputs, contract, self._max_batch)
-        return self.executor.run(app_id, spec, inputs, query_id, received)
+        run = self.executor.run(app_id, spec, inputs, query_id, received)
+        self.arrivals.record(app_id, name, [s.stage for s in run.stages if s.ran], arrived)
+        return run
 
     def plan(self, app_id: str, name: str, qps: float, lambda_allowed: bool = False) -> PipelinePlan:
         """The planner's plan for ``qps`` arrivals (``modelless.pipelines.planner``), over the

@@ -41,16 +41,23 @@ class Condition(BaseModel):
     )
 
     def holds(self, scores: np.ndarray) -> bool:
-        """Whether the edge is taken for an answer of class scores [rows, classes]: when the
-        condition holds for any of its rows (a query's rows go through the pipeline together)."""
-        if self.kind is ConditionKind.ALWAYS:
-            return True
+        """Whether the edge is taken for an online answer of class scores [rows, classes]: when
+        the condition holds for any of its rows (a query's rows go through the pipeline together)."""
+        return bool(self.holds_per_row(scores).any())
+
+    def holds_per_row(self, scores: np.ndarray) -> np.ndarray:
+        """Per row of class scores [rows, classes], whether the condition holds (an offline job
+        routes each row on its own)."""
         rows = np.atleast_2d(np.asarray(scores, dtype=np.float64))
+        if self.kind is ConditionKind.ALWAYS:
+            return np.ones(rows.shape[0], dtype=bool)
         if self.kind is ConditionKind.CONFIDENCE_BELOW:
             assert self.threshold is not None
-            return bool((class_probabilities(rows).max(axis=1) < self.threshold).any())
+            below: np.ndarray = class_probabilities(rows).max(axis=1) < self.threshold
+            return below
         assert self.classes is not None
-        return bool(np.isin(rows.argmax(axis=1), self.classes).any())
+        chosen: np.ndarray = np.isin(rows.argmax(axis=1), self.classes)
+        return chosen
 
 
 class Edge(BaseModel):

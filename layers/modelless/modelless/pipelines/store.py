@@ -3,10 +3,14 @@ how often the edge was then taken (the branch probability the planner weighs loa
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Protocol
 
 from modelless.pipelines.spec import PipelineSpec
+
+_BESIDE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -34,12 +38,21 @@ class PipelineStore(Protocol):
     def count_branches(self, app_id: str, name: str, taken: dict[str, bool]) -> None:
         """One query's edges whose source ran (edge key -> whether it was taken)."""
 
+    def add_branch_counts(self, app_id: str, name: str, counts: dict[str, tuple[int, int]]) -> None:
+        """Many rows' at once (an offline job's batch): edge key -> (rows whose source ran, rows
+        that took the edge)."""
+
     def branches(self, app_id: str, name: str) -> dict[str, BranchCount]: ...
+
+
+# The in-memory store beside each in-memory metadata store: the gateway's pipelines service and
+# the offline jobs of the same process must see the same pipelines.
+_BESIDE: weakref.WeakKeyDictionary[object, PipelineStore] = weakref.WeakKeyDictionary()
 
 
 def pipeline_store_for(metadata: object) -> PipelineStore:
     """Beside a metadata store: in the same Redis (and namespace) for the Redis store, so that
-    every gateway sees the app's pipelines; else in this process's memory."""
+    every gateway sees the app's pipelines; else in this process's memory, one per metadata store."""
     from modelless.metadata.redis import RedisMetadataStore
 
     if isinstance(metadata, RedisMetadataStore):
@@ -48,4 +61,8 @@ def pipeline_store_for(metadata: object) -> PipelineStore:
         return RedisPipelineStore(metadata)
     from modelless.pipelines.memory import InMemoryPipelineStore
 
-    return InMemoryPipelineStore()
+    with _BESIDE_LOCK:
+        store = _BESIDE.get(metadata)
+        if store is None:
+            store = _BESIDE[metadata] = InMemoryPipelineStore()
+        return store

@@ -15,7 +15,8 @@ the VPC at the addresses they advertise in the metadata store.
   through their HTTP API (``InstancePlacer``, the same code the local provider uses); the plan
   also goes into a group tag, so that an operator sees what the scaler wants beside what runs.
 
-The same boto3 calls run against an emulated endpoint (``AWS_ENDPOINT_URL``) in the tests.
+The same boto3 calls run against an emulated endpoint (``AWS_ENDPOINT_URL``) in the tests
+(clients from ``modelless.aws_clients``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import boto3
-
+from modelless import aws_clients
 from modelless.exceptions import NotFoundError
 from modelless.metadata.base import MetadataStore
 from modelless.pools.provider import InstancePlacer, logger
@@ -55,7 +55,7 @@ class AwsPoolProvider:
         (their advertised address, load and instances)."""
         self._groups = dict(groups)
         self._store = store
-        self._autoscaling = client or boto3.client("autoscaling")
+        self._autoscaling = client or aws_clients.client("autoscaling")
         self._placer = placer or InstancePlacer()
         self.silent_after_s = silent_after_s
         self.assignments: dict[str, dict[str, int]] = {}

@@ -156,12 +156,12 @@ class AwsLambdaInvoker:
     the variant's memory size (the payload's ``memory_mb``)."""
 
     def __init__(self, functions: str | Mapping[int, str], client: Any | None = None) -> None:
-        import boto3
+        from modelless import aws_clients
 
         self._functions = lambda_functions(functions) if isinstance(functions, str) else dict(functions)
         if not self._functions:
             raise ValueError("the Lambda tier needs at least one function")
-        self._lambda = client or boto3.client("lambda")
+        self._lambda = client or aws_clients.client("lambda")
 
     def function_for(self, memory_mb: int) -> str:
         """The function of exactly this memory size, else the default, else the smallest larger one

@@ -1,14 +1,15 @@
-"""Model repository in S3, through boto3; the endpoint URL comes from the standard AWS settings
-(``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``), so the same code talks to AWS or an emulator."""
+"""Model repository in S3, through boto3 (``modelless.aws_clients``); the endpoint URL comes from
+the standard AWS settings (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``) or ``MODELLESS_AWS``, so
+the same code talks to AWS or an emulator."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import boto3
 from botocore.exceptions import ClientError
 
+from modelless import aws_clients
 from modelless.exceptions import NotFoundError
 
 
@@ -16,7 +17,7 @@ class S3ModelRepository:
     def __init__(self, bucket: str, prefix: str = "", client: Any | None = None) -> None:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self._s3 = client or boto3.client("s3")
+        self._s3 = client or aws_clients.client("s3")
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}{key}"
@@ -87,14 +88,14 @@ def download_object(
     by boto3's managed transfer; its size is checked first (HEAD), so that an object over ``limit``
     is refused before a byte of it is read. Returns its size.
 
-    The client is boto3's default, so its endpoint comes from the standard settings
+    The client is ``aws_clients``' default, so its endpoint comes from the standard settings
     (``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``), as for the model repository and the offline
     jobs' objects. A missing bucket or object is a 400 naming ``field``; a refused read a 403 that
     says what to grant."""
     from modelless.exceptions import ForbiddenError, InvalidInputError
     from modelless.validation import too_large
 
-    s3 = client or boto3.client("s3")
+    s3 = client or aws_clients.client("s3")
     uri = f"s3://{bucket}/{key}"
     try:
         head = s3.head_object(Bucket=bucket, Key=key)

@@ -14,12 +14,16 @@ dispatcher spills what the pools cannot take to the Lambda tier.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+from aws_lambda_powertools import Logger
+
+from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.base import MetadataStore
 from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.pools.provider import PoolProvider
@@ -38,6 +42,8 @@ from modelless.scaling.problem import (
 )
 from modelless.tuning.capacity import reported_tuning, tuned_profile
 from modelless.types import VariantProfile
+
+logger = Logger(service="scaler", child=True)
 
 Solver = Callable[[ScalingProblem, float], ScalingPlan]
 
@@ -93,6 +99,7 @@ class Snapshot:
     profiles: dict[str, VariantProfile]
     running: dict[str, dict[str, int]]
     provisioned: dict[str, Provisioning] = field(default_factory=dict)  # group -> its envelope
+    floors: dict[str, float] = field(default_factory=dict)  # group -> its demand floor (QPS)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,10 @@ class ScalingReport:
     held: dict[str, tuple[int, int]]  # pool -> (kept, planned) where scale-down is on hold
     healed: dict[str, list[str]] = field(default_factory=dict)  # pool -> workers replaced
     provisioned_qps: dict[str, float] = field(default_factory=dict)  # group -> what it was planned for
+    # pool -> variant -> instances assigned to the pool's workers (the plan's, held where a dip
+    # would drop them)
+    instances: dict[str, dict[str, int]] = field(default_factory=dict)
+    floors_qps: dict[str, float] = field(default_factory=dict)  # group -> the demand floor it was given
 
     def summary(self) -> dict[str, object]:
         return {
@@ -112,6 +123,7 @@ class ScalingReport:
             "cost_per_hour": round(self.plan.cost_per_second * 3600, 4),
             "load_qps": {g: round(q, 2) for g, q in self.load_qps.items()},
             "provisioned_qps": {g: round(q, 2) for g, q in self.provisioned_qps.items()},
+            "floors_qps": {g: round(q, 2) for g, q in self.floors_qps.items()},
             "workers": self.workers,
             "held": {p: {"kept": k, "planned": w} for p, (k, w) in self.held.items()},
             "healed": self.healed,
@@ -125,6 +137,25 @@ class ScalingReport:
             },
         }
 
+    def published(self, at: float) -> dict[str, object]:
+        """What the scaler records after each tick for the gateways' dashboard
+        (``GET /v1/dashboard/state``): the summary, when it was made, and the plan's instances
+        per variant and pool (the summary counts workers only)."""
+        instances = [
+            {"variant": variant, "pool": pool, "count": count}
+            for (variant, pool), count in sorted(self.plan.instances.items())
+        ]
+        return {**self.summary(), "at": at, "instances": instances, "notes": list(self.plan.notes)}
+
+
+def record_plan(store: MetadataStore, report: ScalingReport, at: float) -> None:
+    """Record the tick's plan in the store (``ScalingReport.published``). A store that does not
+    answer loses this record only: the plan is applied already, and the next tick records its own."""
+    try:
+        store.put_scaling_plan(json.dumps(report.published(at)))
+    except StoreUnavailableError as error:  # the store logs the outage itself, once
+        logger.debug("scaling plan not recorded", extra={"error": error.message})
+
 
 class Scaler:
     def __init__(
@@ -134,8 +165,12 @@ class Scaler:
         pools: Mapping[str, PoolSpec],
         config: ScalerConfig,
         solve: Solver = solve_exact,
+        demand_floors: Callable[[float], Mapping[str, float]] | None = None,
     ) -> None:
+        """``demand_floors``: per tick, query group key -> QPS the group is provisioned for at
+        least, whatever its measured load (the pipelines' tuned stages: modelless.pipelines.autopilot)."""
         self._store = store
+        self._demand_floors = demand_floors
         self._provider = provider
         self._pools = pools
         self._config = config
@@ -159,8 +194,13 @@ class Scaler:
             series = self._store.load_series(self._config.envelope_history_s, now)
             for key in series:
                 load.setdefault(key, 0.0)
+        # What each group is planned for: its measured load, raised to its floor where it has one.
+        floors = dict(self._demand_floors(now)) if self._demand_floors is not None else {}
+        demand = dict(load)
+        for key, qps in floors.items():
+            demand[key] = max(demand.get(key, 0.0), qps)
         groups: dict[str, tuple[QueryGroup, list[VariantProfile]]] = {}
-        for key in load:
+        for key in demand:
             group = QueryGroup.parse(key)
             candidates = self._store.candidate_variants(group.app_id, group.min_accuracy, group.model_name)
             groups[key] = (group, candidates)
@@ -186,7 +226,7 @@ class Scaler:
             scaling_groups.append(
                 ScalingGroup(
                     id=key,
-                    load_qps=load[key],
+                    load_qps=demand[key],
                     latency_budget_ms=group.latency_ms,
                     lambda_price_per_query=None if option is None else option[0],
                     lambda_seconds_per_query=0.0 if option is None else option[1],
@@ -242,7 +282,7 @@ class Scaler:
             problem, provisioned = self._for_envelope(problem, series)
         profiles = {variant.id: eligible[variant.id][0] for variant in variants}
         running_now = {pool: dict(v) for pool, v in running_in.items()}
-        return Snapshot(problem, load, profiles, running_now, provisioned)
+        return Snapshot(problem, load, profiles, running_now, provisioned, floors)
 
     def _for_envelope(
         self, problem: ScalingProblem, series: Mapping[str, list[int]]
@@ -290,6 +330,7 @@ class Scaler:
         workers: dict[str, int] = {}
         held: dict[str, tuple[int, int]] = {}
         healed: dict[str, list[str]] = {}
+        instances: dict[str, dict[str, int]] = {}
         for pool in problem.pools:
             replaced = self._provider.heal(pool.name)
             if replaced:
@@ -302,11 +343,12 @@ class Scaler:
                 held[pool.name] = (decided, wanted)
             workers[pool.name] = self._provider.scale(pool.name, decided)
             planned = {variant: n for (variant, where), n in plan.instances.items() if where == pool.name}
-            self._provider.assign(
-                pool.name, self._held_instances(pool.name, planned, snapshot, now), snapshot.profiles
-            )
+            instances[pool.name] = self._held_instances(pool.name, planned, snapshot, now)
+            self._provider.assign(pool.name, instances[pool.name], snapshot.profiles)
         provisioned = {g: p.load_qps for g, p in snapshot.provisioned.items()}
-        return ScalingReport(plan, snapshot.load, workers, held, healed, provisioned)
+        return ScalingReport(
+            plan, snapshot.load, workers, held, healed, provisioned, instances, dict(snapshot.floors)
+        )
 
     def _held_instances(
         self, pool: str, planned: Mapping[str, int], snapshot: Snapshot, now: float

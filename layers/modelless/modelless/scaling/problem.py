@@ -146,6 +146,12 @@ class ScalingProblem:
                 raise ValueError(f"variant {variant.id}: max_per_worker must be non-negative")
 
     @cached_property
+    def running_variants(self) -> list[ScalingVariant]:
+        """The variants with instances running now (one scan, kept: a deadline's reserve and
+        the holding plan both ask)."""
+        return [v for v in self.variants if v.running > 0]
+
+    @cached_property
     def _pools_by_name(self) -> dict[str, ScalingPool]:
         return {pool.name: pool for pool in self.pools}
 

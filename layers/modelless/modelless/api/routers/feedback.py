@@ -9,6 +9,7 @@ import hmac
 from fastapi import APIRouter
 
 from modelless.api.dependencies import KeyDep, ServicesDep
+from modelless.api.openapi import AUTHENTICATED, NamePath, NameQuery, error_responses
 from modelless.api.schemas import (
     Feedback,
     FeedbackReply,
@@ -26,7 +27,7 @@ from modelless.validation import check_name
 router = APIRouter(prefix="/v1", tags=["feedback"])
 
 
-@router.post("/feedback")
+@router.post("/feedback", responses=error_responses(*AUTHENTICATED, 400, 403, 404, 409, 413))
 def give_feedback(body: Feedback, services: ServicesDep, key: KeyDep) -> FeedbackReply:
     """The true label of an answered query (one for every row, or one per row), or a reward in
     [0, 1]. The same feedback again answers as before and changes nothing; different feedback for
@@ -46,8 +47,8 @@ def give_feedback(body: Feedback, services: ServicesDep, key: KeyDep) -> Feedbac
     )
 
 
-@router.get("/feedback/stats")
-def feedback_stats(appID: str, services: ServicesDep, key: KeyDep) -> FeedbackStats:
+@router.get("/feedback/stats", responses=error_responses(*AUTHENTICATED, 400, 403))
+def feedback_stats(appID: NameQuery, services: ServicesDep, key: KeyDep) -> FeedbackStats:
     """Per model of the app that has feedback: its live accuracy, and its bandit weights."""
     services.keys.authorize(key, appID)
     feedback = services.feedback
@@ -73,14 +74,14 @@ def feedback_stats(appID: str, services: ServicesDep, key: KeyDep) -> FeedbackSt
     )
 
 
-@router.get("/apps/{appID}/selection")
-def get_selection(appID: str, services: ServicesDep, key: KeyDep) -> SelectionReply:
+@router.get("/apps/{appID}/selection", responses=error_responses(*AUTHENTICATED, 400, 403, 404))
+def get_selection(appID: NamePath, services: ServicesDep, key: KeyDep) -> SelectionReply:
     _authorize_app(services, key, appID)
     return SelectionReply(appID=appID, policy=services.feedback.store.selection(appID).value)
 
 
-@router.put("/apps/{appID}/selection")
-def set_selection(appID: str, body: SetSelection, services: ServicesDep, key: KeyDep) -> SelectionReply:
+@router.put("/apps/{appID}/selection", responses=error_responses(*AUTHENTICATED, 400, 403, 404, 413))
+def set_selection(appID: NamePath, body: SetSelection, services: ServicesDep, key: KeyDep) -> SelectionReply:
     """How the app's queries that name no model are answered: ``infaas`` (the default), ``exp3``
     or ``exp4``. The bandits' weights are kept across changes."""
     _authorize_app(services, key, appID)

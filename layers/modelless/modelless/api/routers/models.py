@@ -17,7 +17,8 @@ from starlette.datastructures import FormData, UploadFile
 
 from modelless.api.dependencies import CallerAppDep, KeyDep, ServicesDep
 from modelless.api.idempotency import IDEMPOTENCY_HEADER, fingerprint, run_once
-from modelless.api.schemas import ImportProfiles, RegisterModel, RegistrationReply
+from modelless.api.openapi import AUTHENTICATED, error_responses
+from modelless.api.schemas import NAME_SCHEMA, ImportProfiles, RegisterModel, RegistrationReply
 from modelless.config import Settings, variable_name
 from modelless.exceptions import (
     InvalidInputError,
@@ -51,6 +52,8 @@ REGISTER_BODY = {
                             name: {"type": "string", "description": str(info.description or name)}
                             for name, info in RegisterModel.model_fields.items()
                         },
+                        "appID": {"type": "string", **NAME_SCHEMA},
+                        "modelName": {"type": "string", **NAME_SCHEMA},
                         "preprocessing": {"type": "string", "description": "a JSON object (a recipe)"},
                         "model": {
                             "type": "string",
@@ -64,7 +67,14 @@ REGISTER_BODY = {
                         },
                         "modelData": {"type": "string", "format": "binary", "description": "x.onnx.data"},
                     },
-                }
+                },
+                # Files are sent as file parts (model, valSet); s3:// URIs as plain fields, as here.
+                "example": {
+                    "appID": "shop",
+                    "modelName": "resnet",
+                    "modelUri": "s3://shop-models/resnet.onnx",
+                    "valSetUri": "s3://shop-models/resnet-val.npz",
+                },
             },
             "application/json": {"schema": RegisterModel.model_json_schema()},
         },
@@ -97,7 +107,7 @@ def _reply(request: Request, registration: Registration) -> RegistrationReply:
     "/register_model",
     status_code=202,
     openapi_extra=REGISTER_BODY,
-    responses={409: {"description": "the name is taken, or the Idempotency-Key was used otherwise"}},
+    responses=error_responses(*AUTHENTICATED, 400, 403, 409, 413, 415),
 )
 async def register_model(
     request: Request,
@@ -279,7 +289,11 @@ def _source(fields: RegisterModel, files: dict[str, Path]) -> RegistrationSource
     return RegistrationSource(model, valset, chosen["modelData"])
 
 
-@router.get("/registrations/{registration_id}", name="registration_status")
+@router.get(
+    "/registrations/{registration_id}",
+    name="registration_status",
+    responses=error_responses(*AUTHENTICATED, 404),
+)
 def registration_status(
     request: Request, registration_id: str, services: ServicesDep, app_id: CallerAppDep
 ) -> RegistrationReply:
@@ -289,14 +303,16 @@ def registration_status(
     return _reply(request, registration)
 
 
-@router.get("/registrations")
+@router.get("/registrations", responses=error_responses(*AUTHENTICATED))
 def list_registrations(request: Request, services: ServicesDep, app_id: CallerAppDep) -> dict[str, Any]:
     """The registration of each of the app's models, finished or in progress."""
     found = (services.store.get_registration(m.registration_id) for m in services.store.list_models(app_id))
     return {"appID": app_id, "registrations": [_reply(request, r) for r in found if r is not None]}
 
 
-@router.post("/variants/import", status_code=201)
+@router.post(
+    "/variants/import", status_code=201, responses=error_responses(*AUTHENTICATED, 400, 403, 404, 409, 413)
+)
 def import_variant_profiles(body: ImportProfiles, services: ServicesDep, key: KeyDep) -> dict[str, Any]:
     """Profiles measured on hardware this deployment lacks (GPU, Inferentia), marked imported."""
     services.keys.authorize(key, body.appID)
@@ -306,12 +322,12 @@ def import_variant_profiles(body: ImportProfiles, services: ServicesDep, key: Ke
     return {"appID": body.appID, "imported": [v.variant_id for v in imported]}
 
 
-@router.get("/models")
+@router.get("/models", responses=error_responses(*AUTHENTICATED))
 def list_models(services: ServicesDep, app_id: CallerAppDep) -> dict[str, Any]:
     return {"appID": app_id, "models": [asdict(m) for m in services.store.list_models(app_id)]}
 
 
-@router.get("/variants")
+@router.get("/variants", responses=error_responses(*AUTHENTICATED, 404))
 def list_variants(
     services: ServicesDep, app_id: CallerAppDep, modelName: str | None = None
 ) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from modelless.api.dependencies import AdminDep, CallerAppDep, KeyDep, ServicesDep
 from modelless.api.idempotency import IDEMPOTENCY_HEADER, fingerprint, run_once
+from modelless.api.openapi import AUTHENTICATED, NamePath, error_responses
 from modelless.api.schemas import JobReply, OfflineBuckets, OfflineQuery
 from modelless.api.services import Services
 from modelless.exceptions import InvalidInputError, InvalidJobError, NotFoundError, ServiceUnavailableError
@@ -49,6 +50,8 @@ def _reply(request: Request, view: JobView) -> JobReply:
         paused=job.paused,
         pauseReason=job.pause_reason,
         variant=job.variant_id,
+        pipeline=job.pipeline,
+        stageVariants=job.stage_variants,
         inputPath=job.input_path,
         outputPath=job.output_path,
         summaryPath=job.summary_key,
@@ -70,9 +73,7 @@ def _reply(request: Request, view: JobView) -> JobReply:
 @router.post(
     "/offline_query",
     status_code=202,
-    responses={
-        409: {"description": "the Idempotency-Key was used for another request, or its first still runs"}
-    },
+    responses=error_responses(*AUTHENTICATED, 400, 403, 404, 409, 413),
 )
 async def offline_query(
     body: OfflineQuery,
@@ -85,12 +86,14 @@ async def offline_query(
     """Start a batch job over every object under ``inputPath``. With an ``Idempotency-Key``, a
     retry of the same request gets the first reply (the same job) and starts nothing again."""
     services.keys.authorize(key, body.appID)
-    if body.accuracy is None and body.modelName is None:
-        raise InvalidInputError("give either an accuracy target or a modelName")
+    if body.accuracy is None and body.modelName is None and body.pipeline is None:
+        raise InvalidInputError("give an accuracy target, a modelName or a pipeline")
     if body.modelName is not None:
         check_name("modelName", body.modelName)
     offline = _offline(services)
-    spec = JobSpec(body.appID, body.inputPath, body.outputPath, body.accuracy or 0.0, body.modelName)
+    spec = JobSpec(
+        body.appID, body.inputPath, body.outputPath, body.accuracy or 0.0, body.modelName, body.pipeline
+    )
 
     async def submit() -> JobReply:
         # Validation lists buckets and objects (S3 round trips): off the event loop.
@@ -103,20 +106,20 @@ async def offline_query(
     )
 
 
-@router.get("/jobs/{job_id}", name="job_status")
+@router.get("/jobs/{job_id}", name="job_status", responses=error_responses(*AUTHENTICATED, 404))
 def job_status(request: Request, job_id: str, services: ServicesDep, app_id: CallerAppDep) -> JobReply:
     return _reply(request, _offline(services).view(job_id, app_id))
 
 
-@router.get("/jobs")
+@router.get("/jobs", responses=error_responses(*AUTHENTICATED))
 def list_jobs(request: Request, services: ServicesDep, app_id: CallerAppDep) -> dict[str, Any]:
     views = _offline(services).views(app_id)
     return {"appID": app_id, "jobs": [_reply(request, v) for v in views]}
 
 
-@router.put("/apps/{app_id}/offline-buckets")
+@router.put("/apps/{app_id}/offline-buckets", responses=error_responses(*AUTHENTICATED, 400, 403, 404, 413))
 def set_offline_buckets(
-    app_id: str, body: OfflineBuckets, services: ServicesDep, _: AdminDep
+    app_id: NamePath, body: OfflineBuckets, services: ServicesDep, _: AdminDep
 ) -> dict[str, Any]:
     """Admin: the buckets the app's offline jobs may read and write (replaces the list)."""
     if not services.store.app_exists(app_id):

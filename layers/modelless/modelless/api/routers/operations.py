@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from modelless.api.dependencies import AdminDep, KeyDep, ServicesDep
+from modelless.api.openapi import AUTHENTICATED, error_responses
 from modelless.api.schemas import CacheStatsReply
 from modelless.api.services import Services
 from modelless.auth import check_admin
@@ -19,8 +20,8 @@ from modelless.types import WorkerState
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/health")
-@router.get("/health/live")
+@router.get("/health", responses=error_responses())
+@router.get("/health/live", responses=error_responses())
 async def health() -> dict[str, str]:
     """Liveness: the process serves requests. Nothing else is looked at (a store outage must not
     get a gateway restarted that still serves the apps it knows), and on the event loop, not in
@@ -28,7 +29,7 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/health/ready")
+@router.get("/health/ready", responses=error_responses(503))
 def ready(services: ServicesDep) -> dict[str, Any]:
     """Readiness: the metadata store answers, and still holds the marker the deployment wrote to
     it where one was (``Settings.metadata_epoch``): else 503 ``store_unavailable`` or
@@ -54,20 +55,20 @@ def ready(services: ServicesDep) -> dict[str, Any]:
     return {"status": "ready", "store": report}
 
 
-@router.get("/v1/workers")
+@router.get("/v1/workers", responses=error_responses(*AUTHENTICATED))
 def workers(services: ServicesDep, key: KeyDep) -> dict[str, Any]:
     """Live worker state. The admin key sees every worker as it reports. An app's key sees the
     workers that run instances of the app's own variants, with those instances only, and
     without the workers' addresses (internal ones, that other apps' queries go to too)."""
     live = services.dispatcher.live_view.live_workers()
-    if _is_admin(services, key):
+    if is_admin(services, key):
         return {"workers": [asdict(worker) for worker in live]}
     app_id = services.keys.app_for_key(key)
-    views = (_app_view(worker, app_id) for worker in live)
+    views = (app_view(worker, app_id) for worker in live)
     return {"appID": app_id, "workers": [view for view in views if view is not None]}
 
 
-def _is_admin(services: Services, key: str | None) -> bool:
+def is_admin(services: Services, key: str | None) -> bool:
     try:
         check_admin(services.settings.admin_key, key)
     except (UnauthorizedError, ForbiddenError):
@@ -75,7 +76,7 @@ def _is_admin(services: Services, key: str | None) -> bool:
     return True
 
 
-def _app_view(worker: WorkerState, app_id: str) -> dict[str, Any] | None:
+def app_view(worker: WorkerState, app_id: str) -> dict[str, Any] | None:
     """What an app may see of a worker: its own instances (a variant id starts with its app's
     id, which holds no '/'), nothing of the others', no address; None when it runs none."""
     own = [asdict(i) for i in worker.instances if i.variant_id.startswith(f"{app_id}/")]
@@ -92,7 +93,7 @@ async def worker_state(request: Request, services: ServicesDep, _: AdminDep) -> 
     services.store.put_worker_state(WorkerState.from_json(await request.body()))
 
 
-@router.get("/v1/cache", tags=["operations"])
+@router.get("/v1/cache", tags=["operations"], responses=error_responses(*AUTHENTICATED, 403))
 def cache_stats(services: ServicesDep, _: AdminDep) -> CacheStatsReply:
     """The prediction cache (admin only): hits, misses, hit rate, entries, bytes held and
     evictions; with Redis, those of every gateway and offline runner sharing it. A cache that
@@ -117,7 +118,9 @@ def cache_stats(services: ServicesDep, _: AdminDep) -> CacheStatsReply:
     )
 
 
-@router.delete("/v1/cache", status_code=204, tags=["operations"])
+@router.delete(
+    "/v1/cache", status_code=204, tags=["operations"], responses=error_responses(*AUTHENTICATED, 403)
+)
 def clear_cache(services: ServicesDep, _: AdminDep) -> None:
     """Empty the prediction cache and reset its counters (admin only)."""
     if services.dispatcher.cache is not None:

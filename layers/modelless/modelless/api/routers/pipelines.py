@@ -11,7 +11,9 @@ from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelless.api.dependencies import KeyDep, ServicesDep
+from modelless.api.openapi import AUTHENTICATED, NamePath, NameQuery, error_responses
 from modelless.api.routers.feedback import _authorize_app
+from modelless.api.schemas import NAME_SCHEMA
 from modelless.api.services import Services
 from modelless.pipelines.executor import PipelineRun
 from modelless.pipelines.spec import PipelineSpec
@@ -23,7 +25,28 @@ router = APIRouter(prefix="/v1", tags=["pipelines"])
 class RegisterPipeline(PipelineSpec):
     """A pipeline's spec, with the app it belongs to."""
 
-    appID: str
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "appID": "shop",
+                    "name": "cascade",
+                    "stages": [{"name": "fast", "model": "mobilenet"}, {"name": "exact", "model": "resnet"}],
+                    "edges": [
+                        {
+                            "source": "fast",
+                            "target": "exact",
+                            "when": {"kind": "confidence_below", "threshold": 0.8},
+                        }
+                    ],
+                    "latencySlo": 200,
+                    "accuracy": 0.7,
+                }
+            ]
+        }
+    )
+    appID: str = Field(json_schema_extra=NAME_SCHEMA)
+    name: str = Field(json_schema_extra=NAME_SCHEMA)
 
 
 class PipelineReply(BaseModel):
@@ -42,8 +65,10 @@ class PipelineList(BaseModel):
 
 
 class PipelineQuery(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    appID: str
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"appID": "shop", "inputs": [[0.0, 0.5, 1.0, 0.25]]}]}
+    )
+    appID: str = Field(json_schema_extra=NAME_SCHEMA)
     inputs: Any = Field(description="the entry stage's inputs, as an online query's JSON inputs")
 
 
@@ -74,7 +99,9 @@ class PipelineQueryReply(BaseModel):
     metSlo: bool
 
 
-@router.post("/pipelines", status_code=201)
+@router.post(
+    "/pipelines", status_code=201, responses=error_responses(*AUTHENTICATED, 400, 403, 404, 409, 413)
+)
 def register_pipeline(body: RegisterPipeline, services: ServicesDep, key: KeyDep) -> PipelineReply:
     """A new pipeline of the app: stages over its registered models, edges between them (always,
     or on a condition over the source's answer), an end-to-end latency SLO and an accuracy floor.
@@ -84,23 +111,23 @@ def register_pipeline(body: RegisterPipeline, services: ServicesDep, key: KeyDep
     return _reply(services, body.appID, services.pipelines.register(body.appID, spec))
 
 
-@router.get("/pipelines")
-def list_pipelines(appID: str, services: ServicesDep, key: KeyDep) -> PipelineList:
+@router.get("/pipelines", responses=error_responses(*AUTHENTICATED, 400, 403, 404))
+def list_pipelines(appID: NameQuery, services: ServicesDep, key: KeyDep) -> PipelineList:
     _authorize_app(services, key, appID)
     return PipelineList(
         appID=appID, pipelines=[_reply(services, appID, s) for s in services.pipelines.store.list(appID)]
     )
 
 
-@router.get("/pipelines/{name}")
-def get_pipeline(name: str, appID: str, services: ServicesDep, key: KeyDep) -> PipelineReply:
+@router.get("/pipelines/{name}", responses=error_responses(*AUTHENTICATED, 400, 403, 404))
+def get_pipeline(name: NamePath, appID: NameQuery, services: ServicesDep, key: KeyDep) -> PipelineReply:
     _authorize_app(services, key, appID)
     check_name("pipeline", name)
     return _reply(services, appID, services.pipelines.get(appID, name))
 
 
-@router.delete("/pipelines/{name}", status_code=204)
-def delete_pipeline(name: str, appID: str, services: ServicesDep, key: KeyDep) -> Response:
+@router.delete("/pipelines/{name}", status_code=204, responses=error_responses(*AUTHENTICATED, 400, 403, 404))
+def delete_pipeline(name: NamePath, appID: NameQuery, services: ServicesDep, key: KeyDep) -> Response:
     _authorize_app(services, key, appID)
     check_name("pipeline", name)
     services.pipelines.delete(appID, name)
@@ -110,10 +137,10 @@ def delete_pipeline(name: str, appID: str, services: ServicesDep, key: KeyDep) -
 MAX_PLAN_QPS = 1_000_000.0
 
 
-@router.get("/pipelines/{name}/plan")
+@router.get("/pipelines/{name}/plan", responses=error_responses(*AUTHENTICATED, 400, 403, 404, 501))
 def plan_pipeline(
-    name: str,
-    appID: str,
+    name: NamePath,
+    appID: NameQuery,
     qps: Annotated[float, Query(gt=0, le=MAX_PLAN_QPS, description="the arrival rate to plan for")],
     services: ServicesDep,
     key: KeyDep,
@@ -127,9 +154,11 @@ def plan_pipeline(
     return dataclasses.asdict(services.pipelines.plan(appID, name, qps, lambdaAllowed))
 
 
-@router.post("/pipelines/{name}/query")
+@router.post(
+    "/pipelines/{name}/query", responses=error_responses(*AUTHENTICATED, 400, 403, 404, 409, 413, 422)
+)
 def query_pipeline(
-    name: str, body: PipelineQuery, request: Request, services: ServicesDep, key: KeyDep
+    name: NamePath, body: PipelineQuery, request: Request, services: ServicesDep, key: KeyDep
 ) -> PipelineQueryReply:
     """One online query through the pipeline: each stage that runs is an online query of its
     model (the system picks its variant, worker and tier) within its share of the SLO."""

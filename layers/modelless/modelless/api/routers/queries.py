@@ -23,11 +23,20 @@ from starlette.requests import ClientDisconnect
 
 from modelless.api.deadlines import ReplyDeadline
 from modelless.api.dependencies import KeyDep, ServicesDep
-from modelless.api.schemas import EnsembleReply, OnlineQuery, QueryAccuracy, QueryLatencyMs, QueryReply
+from modelless.api.openapi import AUTHENTICATED, error_responses
+from modelless.api.schemas import (
+    NAME_SCHEMA,
+    EnsembleReply,
+    OnlineQuery,
+    QueryAccuracy,
+    QueryLatencyMs,
+    QueryReply,
+)
 from modelless.api.services import Services
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
 from modelless.inputs import BodyKind, binary_inputs, body_kind, query_inputs
 from modelless.observability import cache_stats_reporter, record_query
+from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, TIER, VARIANT, enabled, span
 from modelless.types import QueryTargets
 from modelless.validation import MAX_LATENCY_MS, check_name
 
@@ -57,14 +66,14 @@ ONLINE_QUERY_OPENAPI: dict[str, Any] = {
             "description": f"{description} (binary bodies only; a JSON body holds it instead)",
         }
         for name, schema, description in (
-            ("appID", {"type": "string"}, "the application; required with a binary body"),
+            ("appID", {"type": "string", **NAME_SCHEMA}, "the application; required with a binary body"),
             (
                 "latency",
                 {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_LATENCY_MS},
                 "latency budget in milliseconds",
             ),
             ("accuracy", {"type": "number", "minimum": 0, "maximum": 1}, "minimum top-1 accuracy in [0, 1]"),
-            ("modelName", {"type": "string"}, "name the model instead of targets"),
+            ("modelName", {"type": "string", **NAME_SCHEMA}, "name the model instead of targets"),
         )
     ],
     "requestBody": {
@@ -99,10 +108,7 @@ The body counts against `MODELLESS_MAX_QUERY_BYTES` (413 beyond it); other conte
     "/online_query",
     description=ONLINE_QUERY_DESCRIPTION,
     openapi_extra=ONLINE_QUERY_OPENAPI,
-    responses={
-        413: {"description": "the body exceeds MODELLESS_MAX_QUERY_BYTES"},
-        415: {"description": "a content type the query (or this model) does not take"},
-    },
+    responses=error_responses(*AUTHENTICATED, 400, 403, 404, 409, 413, 415, 422),
 )
 async def online_query(request: Request, services: ServicesDep, key: KeyDep) -> QueryReply:
     reading = time.perf_counter()
@@ -146,7 +152,35 @@ def answer_query(
 ) -> QueryReply:
     """``reading``: the ``perf_counter`` at which the route began reading the body: the query's
     arrival, where its clock starts; from it to the batch's existence is ``decode_ms``.
-    ``deadline`` hears the query's targets as soon as they are read."""
+    ``deadline`` hears the query's targets as soon as they are read. Traced as one
+    ``modelless.query`` span (modelless.tracing), whose children are the query's stages."""
+    with span("modelless.query", {"modelless.correlation_id": correlation_id}) as query_span:
+        reply = _answer_query(
+            services, content_type, body, parameters, key, correlation_id, reading, deadline
+        )
+        if enabled():
+            query_span.set_attributes(
+                {
+                    MODEL: reply.model,
+                    VARIANT: reply.variant,
+                    TIER: reply.tier,
+                    CACHE_HIT: reply.cached,
+                    COLD_START: reply.coldStart,
+                }
+            )
+        return reply
+
+
+def _answer_query(
+    services: Services,
+    content_type: str | None,
+    body: bytes,
+    parameters: dict[str, str],
+    key: str | None,
+    correlation_id: str,
+    reading: float,
+    deadline: ReplyDeadline | None,
+) -> QueryReply:
     kind = body_kind(content_type, body)
     query = _json_query(body, parameters) if kind is BodyKind.JSON else _query_parameters(parameters)
     services.keys.authorize(key, query.appID)
@@ -154,12 +188,13 @@ def answer_query(
         raise InvalidInputError("give either modelName, or a latency and/or accuracy target")
     if query.modelName is not None:
         check_name("modelName", query.modelName)
-    contract = services.dispatcher.profiles.input_contract(query.appID, query.modelName)
-    max_batch = services.settings.max_batch
-    if isinstance(query, OnlineQuery):
-        inputs = query_inputs(query.inputs, contract, max_batch)
-    else:
-        inputs = binary_inputs(kind, body, contract, max_batch)
+    with span("modelless.decode", {APP: query.appID, "modelless.body": kind.value}):
+        contract = services.dispatcher.profiles.input_contract(query.appID, query.modelName)
+        max_batch = services.settings.max_batch
+        if isinstance(query, OnlineQuery):
+            inputs = query_inputs(query.inputs, contract, max_batch)
+        else:
+            inputs = binary_inputs(kind, body, contract, max_batch)
     decode_ms = (time.perf_counter() - reading) * 1000
     targets = QueryTargets(
         app_id=query.appID,
