@@ -28,7 +28,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from modelless.scaling.bridge import finish_plan, with_bridge
-from modelless.scaling.deadline import CHECK_EVERY, Deadline, OutOfTime, holding_plan, holding_reserve_s
+from modelless.scaling.deadline import (
+    CHECK_EVERY,
+    Deadline,
+    OutOfTime,
+    holding_plan,
+    holding_reserve_s,
+    without_gc_pauses,
+)
 from modelless.scaling.problem import (
     EPS,
     PlanStatus,
@@ -127,6 +134,15 @@ def solve_greedy(
     that does not finish gives way to the holding plan (:mod:`modelless.scaling.deadline`), an
     improvement pass that does not finish to the best plan so far.
     """
+    if deadline is None:
+        return _solve_greedy(problem, improve_trials, improve_budget_s, None)
+    with without_gc_pauses():  # a collection's pause would outlast the deadline
+        return _solve_greedy(problem, improve_trials, improve_budget_s, deadline)
+
+
+def _solve_greedy(
+    problem: ScalingProblem, improve_trials: int, improve_budget_s: float | None, deadline: Deadline | None
+) -> ScalingPlan:
     started = time.perf_counter()
     hard = None if deadline is None else deadline.earlier_by(holding_reserve_s(problem))
     caps: dict[str, int | None] = {pool.name: pool.max_workers for pool in problem.pools}
