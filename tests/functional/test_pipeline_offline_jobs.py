@@ -16,11 +16,11 @@ from modelless.exceptions import InvalidJobError, NotFoundError
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import JobSpec, output_key
 from modelless.offline.runner import RunOutcome
-from modelless.pipelines.spec import PipelineSpec
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
 from modelless.types import JobStatus
 from tests.functional.offline_fixtures import Buckets, offline_service
+from tests.functional.test_pipelines import CASCADE, THRESHOLD, confidence_of
 from tests.functional.workers_kit import Setup, publish_model, start_worker
 from tests.models import digits, hidden_model, linear_model
 from tests.offline_kit import npy
@@ -28,33 +28,11 @@ from tests.offline_kit import npy
 pytestmark = [pytest.mark.usefixtures("buckets"), pytest.mark.localstack]
 
 APP = "pipeline-batch"
-THRESHOLD = 0.17  # about the median confidence of the linear model on the sample: both paths occur
-CASCADE = PipelineSpec.model_validate(
-    {
-        "name": "cascade",
-        "stages": [{"name": "cheap", "model": "linear"}, {"name": "expensive", "model": "hidden"}],
-        "edges": [
-            {
-                "source": "cheap",
-                "target": "expensive",
-                "when": {"kind": "confidence_below", "threshold": THRESHOLD},
-            }
-        ],
-        "latencySlo": 2000.0,
-        "accuracy": 0.8,
-    }
-)
 
 
 def logits(model: bytes, inputs: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     result: np.ndarray = session.run(None, {"input": inputs})[0].astype(np.float64)
-    return result
-
-
-def confidence(scores: np.ndarray) -> np.ndarray:
-    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
-    result: np.ndarray = (shifted / shifted.sum(axis=1, keepdims=True)).max(axis=1)
     return result
 
 
@@ -85,7 +63,7 @@ def test_a_cascade_job_routes_each_row_and_writes_each_rows_answering_stage(
         start += size
     used = inputs[:start]
     cheap, expensive = logits(linear_model(), used), logits(hidden_model(), used)
-    unsure = confidence(cheap) < THRESHOLD
+    unsure = confidence_of(linear_model(), used) < THRESHOLD
     assert 0 < unsure.sum() < len(used), "the sample must take both paths"
 
     job = service.submit(

@@ -1,15 +1,5 @@
-"""``modelless``: the command-line tool over the HTTP API (typer; ``modelless --help``).
-
-    modelless create-app digits
-    modelless register --app digits --name digits-cnn --model cnn.onnx --valset val.npz
-    modelless query --app digits --latency 5 --accuracy 0.95 --inputs sample.npy
-    modelless variants --app digits
-    modelless --output json jobs --app digits
-    modelless offline-query --app digits --input s3://b/in/ --output s3://b/out/ --accuracy 0.9 --wait
-    modelless job status JOB_ID --app digits --wait
-
-The server URL comes from --url, $MODELLESS_URL or the embedded stack's .modelless/stack.json;
-app keys from --api-key, $MODELLESS_API_KEY or .modelless/credentials.json (written by create-app).
+"""``modelless``: the command-line tool over the HTTP API (typer; ``modelless --help``, whose
+text, with examples and where the server URL and keys come from, is ``modelless.cli.app.HELP``).
 Exit codes: ``ExitCode`` (modelless.cli.core); docs/OPERATIONS.md ("The CLI").
 
 Modules: ``app`` (the typer app, global options, exit codes), ``core`` (session, client, output,
