@@ -717,6 +717,15 @@ def headline(rows: list[dict[str, Any]]) -> str:
     )
 
 
+def _spread(rows: Sequence[dict[str, Any]], column: str) -> str:
+    """A column's range over ``rows``, as "low-high" (one value when they agree; "n/a" for none)."""
+    values = sorted(float(r[column]) for r in rows)
+    if not values:
+        return "n/a"
+    low, high = values[0], values[-1]
+    return f"{low:g}" if low == high else f"{low:g}-{high:g}"
+
+
 def markdown(
     rows: list[dict[str, Any]],
     plan: Plan,
@@ -728,6 +737,8 @@ def markdown(
 ) -> str:
     """``sources``: where the profiles and branch probabilities came from, one line each."""
     images = "\n".join(f"![{name}]({name})" for name in plots)
+    bursty = [r for r in rows if r["trace"] == "gamma-cv4"]
+    steady = [r for r in rows if r["trace"] != "gamma-cv4"]
     where = "".join(f"\n- {line}" for line in sources)
     configurations = "\n".join(
         f"- {where.split('/')[0]}, {system}: "
@@ -763,13 +774,16 @@ plans each stage with the same variant-mix program (InferLine's picked each stag
 configuration with a simpler per-stage rule), on one kind of hardware (the CPU pool measured
 here; InferLine mixed GPUs and CPUs, where a bad split between stages costs whole GPUs), and for
 these two-stage pipelines, whose second stage dominates the latency, its proportional split
-needs as many workers as the best split the pipeline planner finds (which tries it too); so on
-the conv trace and Poisson arrivals the two cost within a few % of each other.
+needs as many workers as the best split the pipeline planner finds (which tries it too): on
+the conv trace and Poisson arrivals coarse-grained costs {_spread(steady, "coarse/ours cost")}x
+ours (below 1: ours is dearer, the tuner keeping capacity for the envelope).
 Where arrivals are bursty (Gamma CV 4) the tuner provisions for the envelope: its attainment
-stays at 96-99 % where coarse-grained autoscaling on the mean falls to 71-93 %, and it pays for
-that with more replicas held through the bursts (a burst stays in the minute-long envelope, then
-the hold); static peak provisioning for the busiest 10 s is cheaper there but misses more on the
-sequential pipeline. The miss-rate ratios (coarse over ours) are where InferLine's shape shows.
+is {_spread(bursty, "inferline SLO %")} % where coarse-grained autoscaling on the mean reaches
+{_spread(bursty, "coarse SLO %")} %, and it pays for that with more replicas held through the
+bursts (a burst stays in the minute-long envelope, then the hold): coarse/ours cost
+{_spread(bursty, "coarse/ours cost")}x; static peak provisioning for the busiest 10 s costs
+{_spread(bursty, "peak/ours cost")}x ours there, at {_spread(bursty, "peak SLO %")} % attainment.
+The miss-rate ratios (coarse over ours) are where InferLine's shape shows.
 The first configurations (on the conv trace; `x n`: replicas, `+`: a mix the program chose):
 
 {configurations}
