@@ -141,7 +141,13 @@ def test_no_traffic_no_plan_and_an_infeasible_plan_hold_nothing() -> None:
 
     service.feasible = False
     service.query_at(np.arange(1.0, 60.0, 0.1))
-    assert autopilot(service).floors(now=60.0) == {}
+    refused = autopilot(service)
+    planned = len(service.planned_at_qps)
+    assert refused.floors(now=60.0) == {}
+    assert refused.floors(now=70.0) == {} and len(service.planned_at_qps) == planned + 1  # not again yet
+    service.feasible = True
+    service.query_at(np.arange(60.0, 95.0, 0.1))
+    assert refused.floors(now=95.0) and len(service.planned_at_qps) == planned + 2  # 35 s later: again
 
     # Traffic that stopped a minute ago: the pipeline is forgotten with its floors.
     service.feasible = True

@@ -110,6 +110,9 @@ class PipelineAutopilot:
         self._config = config or AutopilotConfig()
         self._clock = clock
         self._piloted: dict[tuple[str, str], _Piloted] = {}
+        # When a pipeline's last plan came out infeasible: it is not planned again sooner than
+        # ``replan_every_s`` after (a plan solves many splits; a tick must not redo that each time).
+        self._refused_at: dict[tuple[str, str], float] = {}
 
     def floors(self, now: float | None = None) -> dict[str, float]:
         """One tick: query group key -> the QPS the scaler must provision it for at least."""
@@ -157,9 +160,14 @@ class PipelineAutopilot:
         key = (app_id, name)
         piloted = self._piloted.get(key)
         if piloted is None:
+            refused = self._refused_at.get(key)
+            if refused is not None and now - refused < self._config.replan_every_s:
+                return None
             piloted = self._replan(app_id, name, arrivals, now)
             if piloted is None:
+                self._refused_at[key] = now
                 return None
+            self._refused_at.pop(key, None)
         stage_arrivals = {stage: arrivals.get(stage, []) for stage in piloted.state}
         state, decisions, replans = tune(piloted.state, stage_arrivals, now, self._config.tuner)
         piloted.state, piloted.decisions = state, decisions
