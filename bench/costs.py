@@ -339,7 +339,7 @@ def build_system(name: str, setup: Setup, workload: Workload, seed: int | None =
     as INFaaS configured its baselines."""
     seed = workload.seeds[0] if seed is None else seed
     caps = dict(workload.max_workers)
-    config = ScalerConfig(max_workers=caps, slack=SLACK)
+    config = ScalerConfig(max_workers=caps, slack=SLACK, lambda_init_ms=setup.lambda_init_ms)
     if name == "modelless":
         return Modelless(
             infaas_pools(setup, workload.mix), config, exact_to_optimality, name, INITIAL_WORKERS

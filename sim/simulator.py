@@ -1075,9 +1075,10 @@ class Modelless:
         group = self._groups.get(targets)
         if group is None:
             group = self._groups[targets] = group_of(targets)
-        self._query_load.record(group)
+        self._query_load.record(group, sim.now)
         if self._query_load.due(sim.now):
-            self._store.add_load(self._query_load.take(sim.now), int(sim.now))
+            taken = self._query_load.take(sim.now)
+            self._store.add_load(taken.counts, int(sim.now), taken.peaks)
         candidates = self._profiles.candidates(targets, self._store.profiles_version(targets.app_id))
         workers = sim.worker_states()
         try:

@@ -43,3 +43,14 @@ def test_the_load_series_gives_each_past_second_oldest_first(any_store: Any) -> 
     series = any_store.load_series(4, 10_000.5)
     assert series == {"g1": [0, 0, 30, 10], "g2": [0, 0, 5, 0]}
     assert any_store.recent_load(4, 10_000.5) == pytest.approx({"g1": 10.0, "g2": 1.25})
+
+
+def test_peaks_are_kept_per_second_beside_the_counts_and_add_up_across_gateways(any_store: Any) -> None:
+    any_store.add_load({"g1": 30, "g2": 5}, 9_998, {"g1": 12, "g2": 1})
+    any_store.add_load({"g1": 10}, 9_999, {"g1": 2})
+    any_store.add_load({"g1": 4}, 9_999, {"g1": 3})  # a second gateway, same second: a bound
+    any_store.add_load({"g1": 1000}, 10_000, {"g1": 900})  # the current second: not yet complete
+    assert any_store.peak_series(3, 10_000.5) == {"g1": [0, 12, 5], "g2": [0, 1, 0]}
+    assert any_store.load_series(3, 10_000.5) == {"g1": [0, 30, 14], "g2": [0, 5, 0]}
+    any_store.add_load({"g3": 1}, 9_999)  # a gateway that sends no peaks (before this field)
+    assert "g3" not in any_store.peak_series(3, 10_000.5)

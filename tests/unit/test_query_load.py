@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from modelless.query_load import LATENCY_CLASSES_MS, QueryGroup, QueryLoadCounter, group_of
+from modelless.query_load import (
+    LATENCY_CLASSES_MS,
+    PEAK_SLICE_S,
+    QueryGroup,
+    QueryLoad,
+    QueryLoadCounter,
+    group_of,
+)
 from modelless.types import QueryTargets
 
 
@@ -50,10 +57,37 @@ def test_the_counter_hands_counts_over_once_a_second_and_starts_again() -> None:
     group = group_of(QueryTargets("app", latency_ms=20, min_accuracy=0.9))
     assert counter.due(1000.0)
     for _ in range(5):
-        counter.record(group)
-    assert counter.take(1000.0) == {group.key: 5}
-    counter.record(group)
+        counter.record(group, 999.95)
+    assert counter.take(1000.0).counts == {group.key: 5}
+    counter.record(group, 1000.2)
     assert not counter.due(1000.5)
     assert counter.due(1001.0)
-    assert counter.take(1001.0) == {group.key: 1}
-    assert counter.take(1002.0) == {}
+    assert counter.take(1001.0).counts == {group.key: 1}
+    assert counter.take(1002.0) == QueryLoad({}, {})
+
+
+def test_the_peak_is_the_most_queries_in_one_slice_of_the_second() -> None:
+    counter = QueryLoadCounter()
+    clumped = group_of(QueryTargets("app", latency_ms=50, min_accuracy=0.9))
+    spread = group_of(QueryTargets("app", latency_ms=500, min_accuracy=0.9))
+    for i in range(10):
+        counter.record(spread, 1000.0 + i * PEAK_SLICE_S + 0.01)  # one per slice
+    for _ in range(7):
+        counter.record(clumped, 1000.43)  # seven in one slice
+    counter.record(clumped, 1000.91)
+    taken = counter.take(1001.0)
+    assert taken.counts == {spread.key: 10, clumped.key: 8}
+    assert taken.peaks == {spread.key: 1, clumped.key: 7}
+
+
+def test_a_clump_split_by_a_take_is_still_one_clump() -> None:
+    counter = QueryLoadCounter()
+    group = group_of(QueryTargets("app", latency_ms=50, min_accuracy=0.9))
+    for _ in range(3):
+        counter.record(group, 1000.95)
+    assert counter.take(1000.96).peaks == {group.key: 3}
+    for _ in range(2):
+        counter.record(group, 1000.97)  # the same slice
+    assert counter.take(1001.0).peaks == {group.key: 5}
+    counter.record(group, 1001.05)  # a new slice
+    assert counter.take(1002.0).peaks == {group.key: 1}

@@ -8,11 +8,13 @@ import pytest
 
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.query_load import PEAK_SLICE_S
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.scaling.envelope import (
     burst_window_s,
     envelope,
     growth_qps_per_s,
+    poisson_equivalent_qps,
     provision,
     window_rates,
 )
@@ -89,3 +91,59 @@ def test_the_scaler_provisions_a_bursty_group_above_its_mean(store: InMemoryMeta
     assert bursty.provisioned_qps[GROUP.key] > 800.0
     assert bursty.summary()["provisioned_qps"] == {GROUP.key: round(bursty.provisioned_qps[GROUP.key], 2)}
     assert bursty.plan.total_instances > mean.plan.total_instances
+
+
+def peaks_of(arrival_times: np.ndarray, seconds: int) -> list[int]:
+    """Each second's most arrivals in one PEAK_SLICE_S slice, as the gateway counts them."""
+    slices = np.bincount((arrival_times / PEAK_SLICE_S).astype(int), minlength=int(seconds / PEAK_SLICE_S))
+    return [int(peak) for peak in slices.reshape(seconds, -1).max(axis=1)]
+
+
+def test_the_peaks_of_poisson_arrivals_read_as_no_burst() -> None:
+    rng = np.random.default_rng(7)
+    bursts = 0
+    for rate in (2.0, 5.0, 50.0, 500.0):
+        for _ in range(20):
+            times = np.sort(rng.uniform(0, 60, rng.poisson(rate * 60)))
+            found = poisson_equivalent_qps(peaks_of(times, 60), len(times) / 60)
+            bursts += found > 0
+            assert found < 1.6 * rate
+    assert bursts <= 3  # a 1 % test, 80 times
+
+
+def test_clumped_arrivals_read_as_a_rate_well_above_their_mean() -> None:
+    # 50 q/s on average, but in clumps of 25 queries within a few ms, two a second.
+    rng = np.random.default_rng(3)
+    starts = rng.uniform(0, 60, 120)
+    times = np.sort(np.concatenate([start + rng.uniform(0, 0.005, 25) for start in starts]))
+    times = times[times < 60]
+    assert poisson_equivalent_qps(peaks_of(times, 60), len(times) / 60) > 4 * 50.0
+    assert poisson_equivalent_qps([]) == 0.0 and poisson_equivalent_qps([0, 0]) == 0.0
+
+
+def test_sub_second_bursts_are_provisioned_only_where_lambda_cannot_take_them_in_time() -> None:
+    counts = [50] * 60
+    peaks = [25] * 60  # every second: 25 of its 50 queries in one 100 ms slice
+    prices = {"hardware_price_per_qps": 9e-7, "lambda_price_per_query": 1e-6}
+    in_time = provision(counts, 50.0, peaks=peaks, lambda_takes_bursts=True, **prices)
+    assert in_time.load_qps == pytest.approx(50.0) and in_time.burst_qps == 0.0
+    late = provision(counts, 50.0, peaks=peaks, lambda_takes_bursts=False, **prices)
+    assert late.burst_qps > 100.0 and late.load_qps == pytest.approx(late.burst_qps)
+    no_lambda = provision(counts, 50.0, 9e-7, None, peaks=peaks)
+    assert no_lambda.load_qps == pytest.approx(late.load_qps)
+
+
+def test_the_scaler_covers_the_clumps_of_a_group_whose_budget_a_cold_start_misses(
+    store: InMemoryMetadataStore,  # noqa: F811
+) -> None:
+    # 200 q/s, every second all of it in one 100 ms clump; the group's budget is 50 ms.
+    for second in range(1000, 1060):
+        store.add_load({GROUP.key: 200}, second, {GROUP.key: 200})
+    reports = {}
+    for init_ms in (5.0, 500.0):  # a cold start that fits the budget, and one that does not
+        config = ScalerConfig(window_s=30, slack=0.0, max_workers={"cpu": 8}, lambda_init_ms=init_ms)
+        reports[init_ms] = Scaler(store, FakeProvider({"cpu": 0}), DEFAULT_POOLS, config).tick(now=1060.5)
+    assert reports[500.0].provisioned_qps[GROUP.key] > 2 * reports[5.0].provisioned_qps.get(GROUP.key, 200.0)
+    assert reports[500.0].plan.total_instances > reports[5.0].plan.total_instances
+    assert reports[500.0].summary()["burst_qps"] == {GROUP.key: round(reports[500.0].burst_qps[GROUP.key], 2)}
+    assert reports[5.0].burst_qps == {}

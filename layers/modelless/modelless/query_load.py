@@ -6,7 +6,11 @@ stricter side (accuracy up to the next hundredth, latency down to the class belo
 serves a group serves every query in it.
 
 The gateway counts queries per group in memory and hands the counts to the metadata store about
-once a second, off the per-query path; the scaler reads the recent rate of every group.
+once a second, off the per-query path; the scaler reads the recent rate of every group. With each
+second's count goes the group's peak: the most queries that arrived in one slice of
+``PEAK_SLICE_S`` (100 ms) during it, the shortest window of InferLine's arrival envelope. A
+per-second count cannot tell ten queries spread over a second from ten in one clump that a 50 ms
+budget must absorb at once (issue 14: real arrivals are far burstier at 0.1 s than at 1 s).
 
 "Query load" (traffic: queries per group per second) is never a variant's load (a model loaded
 onto a worker): in this package "load" alone means the latter.
@@ -31,6 +35,7 @@ LATENCY_CLASSES_MS = (
     100.0, 150.0, 200.0, 300.0, 500.0, 700.0, 1000.0, 2000.0, 5000.0,
 )  # fmt: skip
 FLUSH_EVERY_S = 1.0
+PEAK_SLICE_S = 0.1  # the slice a peak is counted in (InferLine's shortest envelope window)
 
 
 @dataclass(frozen=True)
@@ -58,23 +63,44 @@ def group_of(targets: QueryTargets) -> QueryGroup:
 
 
 class QueryLoadCounter:
-    """Counts queries per group; ``due`` says when the counts should go to the store."""
+    """Counts queries per group, and each group's peak per ``PEAK_SLICE_S`` slice; ``due`` says
+    when the counts should go to the store."""
 
     def __init__(self) -> None:
         self._counts: Counter[str] = Counter()
+        self._peaks: dict[str, int] = {}  # group -> most queries in one slice since the last take
+        self._slices: dict[str, tuple[int, int]] = {}  # group -> (its current slice, queries in it)
         self._lock = threading.Lock()
         self._last_flush = 0.0
 
-    def record(self, group: QueryGroup) -> None:
+    def record(self, group: QueryGroup, now: float) -> None:
+        """Count one query of ``group`` arriving at ``now`` (epoch seconds)."""
+        slice_index = math.floor(now / PEAK_SLICE_S)
+        key = group.key
         with self._lock:
-            self._counts[group.key] += 1
+            self._counts[key] += 1
+            current, in_slice = self._slices.get(key, (slice_index, 0))
+            # A slice runs on across a take: a clump split by a flush is still one clump.
+            in_slice = in_slice + 1 if current == slice_index else 1
+            self._slices[key] = (slice_index, in_slice)
+            self._peaks[key] = max(self._peaks.get(key, 0), in_slice)
 
     def due(self, now: float) -> bool:
         return now - self._last_flush >= FLUSH_EVERY_S
 
-    def take(self, now: float) -> dict[str, int]:
-        """The counts since the last take, which start again from zero."""
+    def take(self, now: float) -> QueryLoad:
+        """The counts and peaks since the last take, which start again from zero."""
         with self._lock:
             counts, self._counts = dict(self._counts), Counter()
+            peaks, self._peaks = self._peaks, {}
             self._last_flush = now
-        return counts
+        return QueryLoad(counts, peaks)
+
+
+@dataclass(frozen=True)
+class QueryLoad:
+    """What a gateway hands the store for one second: queries per group key, and per group key
+    the most that arrived in one ``PEAK_SLICE_S`` slice."""
+
+    counts: dict[str, int]
+    peaks: dict[str, int]

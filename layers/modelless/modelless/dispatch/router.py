@@ -329,11 +329,12 @@ class Dispatcher:
     def _count_query(self, targets: QueryTargets) -> None:
         """Count the query for its group's query load; about once a second, hand the counts to
         the store (one write per gateway per second, whatever the query rate)."""
-        self._query_load.record(group_of(targets))
         now = time.time()
+        self._query_load.record(group_of(targets), now)
         if self._query_load.due(now):
             try:
-                self._store.add_load(self._query_load.take(now), int(now))
+                taken = self._query_load.take(now)
+                self._store.add_load(taken.counts, int(now), taken.peaks)
             except StoreUnavailableError as error:  # the store logs the outage itself, once
                 logger.debug("query load not recorded", extra={"error": error.message})
             except Exception:  # query-load accounting must never fail a query

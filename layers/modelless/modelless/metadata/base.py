@@ -188,8 +188,10 @@ class MetadataStore(OfflineJobStore, Protocol):
         """A counter that changes whenever the app's variant profiles change."""
 
     # --- query load per group (what the scaler provisions for) ----------------------------------
-    def add_load(self, counts: dict[str, int], second: int) -> None:
-        """Add query counts per group key to the given second (epoch seconds)."""
+    def add_load(self, counts: dict[str, int], second: int, peaks: dict[str, int] | None = None) -> None:
+        """Add query counts per group key to the given second (epoch seconds), and ``peaks``: per
+        group key the most queries that arrived in one ``query_load.PEAK_SLICE_S`` slice. Peaks
+        from several gateways in one second add up: a bound on their combined peak, never below."""
 
     def recent_load(self, window_s: int, now: float) -> dict[str, float]:
         """Queries per second per group key over the last ``window_s`` whole seconds."""
@@ -197,6 +199,10 @@ class MetadataStore(OfflineJobStore, Protocol):
     def load_series(self, window_s: int, now: float) -> dict[str, list[int]]:
         """Queries per group key in each of the last ``window_s`` whole seconds, oldest first
         (groups with no query in them left out): the arrival envelope's input."""
+
+    def peak_series(self, window_s: int, now: float) -> dict[str, list[int]]:
+        """Per group key, its peak (``add_load``'s ``peaks``) in each of the last ``window_s``
+        whole seconds, oldest first, as ``load_series`` gives the counts."""
 
     # --- live worker state ----------------------------------------------------------------------
     def put_worker_state(self, state: WorkerState) -> None: ...

@@ -46,6 +46,10 @@ class KeySpace:
         """Hash: group key -> queries counted in that epoch second (expires on its own)."""
         return f"{self.prefix}load:{second}"
 
+    def load_peaks(self, second: int) -> str:
+        """Hash: group key -> its peak queries in one slice of that epoch second (expires)."""
+        return f"{self.prefix}load-peak:{second}"
+
     def workers(self) -> str:
         """Hash: worker id -> its last state report (JSON)."""
         return f"{self.prefix}workers"

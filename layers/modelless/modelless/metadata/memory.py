@@ -33,6 +33,7 @@ class InMemoryMetadataStore:
         self._workers: dict[str, WorkerState] = {}
         self._versions: dict[str, int] = {}
         self._load: dict[int, dict[str, int]] = {}
+        self._peaks: dict[int, dict[str, int]] = {}  # second -> group -> its peak slice
         # Offline jobs: records (as JSON, never shared), inputs, done markers, errors, leases.
         self._offline_buckets: dict[str, list[str]] = {}
         self._jobs: dict[str, str] = {}
@@ -140,23 +141,32 @@ class InMemoryMetadataStore:
     def selection_state(self, app_id: str) -> tuple[int, list[WorkerState]]:
         return self.profiles_version(app_id), self.list_workers()
 
-    def add_load(self, counts: dict[str, int], second: int) -> None:
+    def add_load(self, counts: dict[str, int], second: int, peaks: dict[str, int] | None = None) -> None:
         with self._lock:
-            bucket = self._load.setdefault(second, {})
-            for group, count in counts.items():
-                bucket[group] = bucket.get(group, 0) + count
-            for old in [s for s in self._load if s < second - LOAD_RETENTION_S]:
-                del self._load[old]
+            for series, added in ((self._load, counts), (self._peaks, peaks or {})):
+                bucket = series.setdefault(second, {})
+                for group, count in added.items():
+                    bucket[group] = bucket.get(group, 0) + count
+                for old in [s for s in series if s < second - LOAD_RETENTION_S]:
+                    del series[old]
 
     def recent_load(self, window_s: int, now: float) -> dict[str, float]:
         return mean_load(self.load_series(window_s, now), window_s)
 
     def load_series(self, window_s: int, now: float) -> dict[str, list[int]]:
+        return self._series(self._load, window_s, now)
+
+    def peak_series(self, window_s: int, now: float) -> dict[str, list[int]]:
+        return self._series(self._peaks, window_s, now)
+
+    def _series(
+        self, per_second: dict[int, dict[str, int]], window_s: int, now: float
+    ) -> dict[str, list[int]]:
         last = int(now) - 1  # the current second is still being counted
         series: dict[str, list[int]] = {}
         with self._lock:
             for position, second in enumerate(range(last - window_s + 1, last + 1)):
-                for group, count in self._load.get(second, {}).items():
+                for group, count in per_second.get(second, {}).items():
                     series.setdefault(group, [0] * window_s)[position] += count
         return series
 

@@ -348,24 +348,31 @@ class RedisMetadataStore:
     def remove_worker(self, worker_id: str) -> None:
         self._redis.hdel(self.keys.workers(), worker_id)
 
-    def add_load(self, counts: dict[str, int], second: int) -> None:
-        if not counts:
+    def add_load(self, counts: dict[str, int], second: int, peaks: dict[str, int] | None = None) -> None:
+        if not counts and not peaks:
             return
-        key = self.keys.load(second)
         with self._redis.pipeline(transaction=True) as pipe:
-            for group, count in counts.items():
-                pipe.hincrby(key, group, count)
-            pipe.expire(key, LOAD_RETENTION_S)
+            for key, added in ((self.keys.load(second), counts), (self.keys.load_peaks(second), peaks or {})):
+                if added:
+                    for group, count in added.items():
+                        pipe.hincrby(key, group, count)
+                    pipe.expire(key, LOAD_RETENTION_S)
             pipe.execute()
 
     def recent_load(self, window_s: int, now: float) -> dict[str, float]:
         return mean_load(self.load_series(window_s, now), window_s)
 
     def load_series(self, window_s: int, now: float) -> dict[str, list[int]]:
+        return self._series(self.keys.load, window_s, now)
+
+    def peak_series(self, window_s: int, now: float) -> dict[str, list[int]]:
+        return self._series(self.keys.load_peaks, window_s, now)
+
+    def _series(self, key_of: Callable[[int], str], window_s: int, now: float) -> dict[str, list[int]]:
         last = int(now) - 1  # the current second is still being counted
         with self._redis.pipeline(transaction=False) as pipe:
             for second in range(last - window_s + 1, last + 1):
-                pipe.hgetall(self.keys.load(second))
+                pipe.hgetall(key_of(second))
             buckets = pipe.execute()
         series: dict[str, list[int]] = {}
         for position, bucket in enumerate(buckets):

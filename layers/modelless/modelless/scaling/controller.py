@@ -69,6 +69,10 @@ class ScalerConfig:
     envelope_history_s: int = 60
     # Lambda's account concurrency the online tier may hold (None: no limit in the program).
     lambda_concurrency: float | None = 1000.0
+    # A Lambda container's start before the variant loads (an estimate for a Python function
+    # that imports onnxruntime; the simulator passes what it measured): a group whose budget a
+    # cold start does not fit cannot leave its bursts to Lambda (modelless.scaling.envelope).
+    lambda_init_ms: float = 500.0
 
 
 class ScaleDownHold:
@@ -114,6 +118,8 @@ class ScalingReport:
     # would drop them)
     instances: dict[str, dict[str, int]] = field(default_factory=dict)
     floors_qps: dict[str, float] = field(default_factory=dict)  # group -> the demand floor it was given
+    # group -> the rate its sub-second clumps read as, where they counted (modelless.scaling.envelope)
+    burst_qps: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -124,6 +130,7 @@ class ScalingReport:
             "load_qps": {g: round(q, 2) for g, q in self.load_qps.items()},
             "provisioned_qps": {g: round(q, 2) for g, q in self.provisioned_qps.items()},
             "floors_qps": {g: round(q, 2) for g, q in self.floors_qps.items()},
+            "burst_qps": {g: round(q, 2) for g, q in self.burst_qps.items()},
             "workers": self.workers,
             "held": {p: {"kept": k, "planned": w} for p, (k, w) in self.held.items()},
             "healed": self.healed,
@@ -188,10 +195,12 @@ class Scaler:
         """The program for the load of the last window, with what it was built from."""
         load = self._store.recent_load(self._config.window_s, now)
         series: dict[str, list[int]] = {}
+        peaks: dict[str, list[int]] = {}
         if self._config.provision_for_envelope:
             # A group quiet over the window but not over the envelope's history is still planned
             # for (its envelope remembers the burst): its mean is 0.
             series = self._store.load_series(self._config.envelope_history_s, now)
+            peaks = self._store.peak_series(self._config.envelope_history_s, now)
             for key in series:
                 load.setdefault(key, 0.0)
         # What each group is planned for: its measured load, raised to its floor where it has one.
@@ -221,8 +230,14 @@ class Scaler:
 
         managed = {spec.name: spec for spec in self.managed_pools()}
         scaling_groups = []
+        lambda_takes_bursts: dict[str, bool] = {}
         for key, (group, candidates) in groups.items():
-            option = lambda_option((v for v in candidates if self._is_lambda(v.pool)), group.latency_ms)
+            on_lambda = [v for v in candidates if self._is_lambda(v.pool)]
+            option = lambda_option(on_lambda, group.latency_ms)
+            lambda_takes_bursts[key] = any(
+                self._config.lambda_init_ms + v.load_latency_ms + v.latency_ms(1) <= group.latency_ms
+                for v in on_lambda
+            )
             scaling_groups.append(
                 ScalingGroup(
                     id=key,
@@ -279,16 +294,21 @@ class Scaler:
         )
         provisioned: dict[str, Provisioning] = {}
         if self._config.provision_for_envelope and scaling_groups:
-            problem, provisioned = self._for_envelope(problem, series)
+            problem, provisioned = self._for_envelope(problem, series, peaks, lambda_takes_bursts)
         profiles = {variant.id: eligible[variant.id][0] for variant in variants}
         running_now = {pool: dict(v) for pool, v in running_in.items()}
         return Snapshot(problem, load, profiles, running_now, provisioned, floors)
 
     def _for_envelope(
-        self, problem: ScalingProblem, series: Mapping[str, list[int]]
+        self,
+        problem: ScalingProblem,
+        series: Mapping[str, list[int]],
+        peaks: Mapping[str, list[int]],
+        lambda_takes_bursts: Mapping[str, bool],
     ) -> tuple[ScalingProblem, dict[str, Provisioning]]:
         """``problem`` with each group's load raised to its envelope (modelless.scaling.envelope),
-        from ``series``: each group's arrivals per second over the envelope's history."""
+        from ``series``: each group's arrivals per second over the envelope's history, and
+        ``peaks``: its most arrivals in one slice of each of those seconds."""
         means = {group.id: problem.need(group) for group in problem.groups}
         cheapest: dict[str, float] = {}  # group -> $/s per QPS on its cheapest variant
         whole: dict[str, float] = {}  # group -> $/s of the fewest whole instances for its mean
@@ -317,6 +337,8 @@ class Scaler:
                 group.lambda_price_per_query,
                 lead_s=self._config.worker_startup_s,
                 lambda_qps_limit=None if concurrency is None or seconds <= 0 else concurrency / seconds,
+                peaks=peaks.get(group.id, []),
+                lambda_takes_bursts=lambda_takes_bursts.get(group.id, True),
             )
             provisioned[group.id] = found
             groups.append(replace(group, load_qps=found.load_qps))
@@ -346,8 +368,9 @@ class Scaler:
             instances[pool.name] = self._held_instances(pool.name, planned, snapshot, now)
             self._provider.assign(pool.name, instances[pool.name], snapshot.profiles)
         provisioned = {g: p.load_qps for g, p in snapshot.provisioned.items()}
+        bursts = {g: p.burst_qps for g, p in snapshot.provisioned.items() if p.burst_qps > 0}
         return ScalingReport(
-            plan, snapshot.load, workers, held, healed, provisioned, instances, dict(snapshot.floors)
+            plan, snapshot.load, workers, held, healed, provisioned, instances, dict(snapshot.floors), bursts
         )
 
     def _held_instances(

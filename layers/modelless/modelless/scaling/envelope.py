@@ -18,6 +18,15 @@ decision (InferLine's tuner provisions for the arrival envelope; INFaaS for the 
   cost ``h·C + p·E[(rate - C)+]`` is least where ``P(rate > C) = h / p``: C is the
   ``1 - h/p`` quantile of the window rates. Where Lambda may not serve the group, C is their
   maximum (the envelope at ``W``).
+- Bursts shorter than a second (``burst_qps``): each second's peak, the most queries in one
+  ``PEAK_SLICE_S`` slice (``MetadataStore.peak_series``), is read as a Poisson rate: the least
+  rate at which the highest peak of the history is no rarer than one slice in all of them, where
+  Poisson arrivals at the mean would not reach it (``BURST_SIGNIFICANCE``): for clumped arrivals,
+  what a Poisson-sized plan (the saturation rates) must be given so that the clumps fit its
+  queues. It counts where
+  Lambda cannot take a burst in time: no Lambda variant meets the budget, or a cold start
+  (``lambda_cold_start_ms``) does not fit it, so that a burst beyond the warm containers is late
+  on Lambda whatever it costs. There the window rates are covered at their maximum too.
 - A short-horizon forecast: where the rate has been growing, C grows by the trend over the time
   a worker takes to start (least squares over the series).
 - Lambda's limits: C is at least the highest one-second rate less what Lambda's concurrency
@@ -38,6 +47,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import pdtrc, pdtri
+
+from modelless.query_load import PEAK_SLICE_S
 
 # A window long enough that Poisson arrivals at the mean rate put this many queries in it (their
 # relative spread is then 1/sqrt of it, about 18 %): what is left above is burst.
@@ -55,6 +67,7 @@ class Provisioning:
     window_s: int  # the window the burst quantile was taken at
     quantile: float  # the quantile of window rates provisioned for (1: their maximum)
     trend_qps: float  # what the forecast added
+    burst_qps: float  # the Poisson-equivalent rate of the sub-second peaks (0: not counted)
     envelope: dict[int, float]  # window (s) -> highest rate in such a window of the series
 
 
@@ -78,6 +91,28 @@ def burst_window_s(mean_qps: float) -> int:
     if mean_qps <= 0:
         return MAX_WINDOW_S
     return int(min(MAX_WINDOW_S, max(1, math.ceil(POISSON_ARRIVALS / mean_qps))))
+
+
+BURST_SIGNIFICANCE = 0.01  # peaks this likely from Poisson arrivals at the mean are no burst
+
+
+def poisson_equivalent_qps(
+    peaks: Sequence[int], mean_qps: float = 0.0, slice_s: float = PEAK_SLICE_S
+) -> float:
+    """The least rate (QPS) at which Poisson arrivals reach the highest of ``peaks`` in a slice of
+    ``slice_s`` no more rarely than once in all the slices ``peaks`` covers (one entry per second:
+    that second's most queries in one slice). 0 without a peak, or where Poisson arrivals at
+    ``mean_qps`` reach it in one of those slices with a chance of ``BURST_SIGNIFICANCE`` or more:
+    a few queries in one slice at a low rate are chance, not a burst to provision for."""
+    highest = max(peaks, default=0)
+    if highest <= 0:
+        return 0.0
+    slices = max(2.0, len(peaks) / slice_s)
+    in_one_slice = float(pdtrc(highest - 1, mean_qps * slice_s))  # P(X >= highest) at the mean
+    if -math.expm1(slices * math.log1p(-min(in_one_slice, 1.0 - 1e-12))) >= BURST_SIGNIFICANCE:
+        return 0.0
+    # P(X >= highest) = 1 / slices  <=>  P(X <= highest - 1) = 1 - 1 / slices
+    return float(pdtri(highest - 1, 1.0 - 1.0 / slices)) / slice_s
 
 
 TREND_WINDOW_S = 15  # the forecast's trend: the slope over this many last seconds
@@ -107,6 +142,8 @@ def provision(
     *,
     lead_s: float = 0.0,
     lambda_qps_limit: float | None = None,
+    peaks: Sequence[int] = (),
+    lambda_takes_bursts: bool = True,
 ) -> Provisioning:
     """What to provision one group for (module docstring).
 
@@ -114,21 +151,25 @@ def provision(
     scaler's window; ``hardware_price_per_qps``: $/s per QPS on the cheapest variant that may
     serve it (None: none may, the mean is all there is to plan); ``lambda_price_per_query``
     (None: Lambda may not serve it); ``lead_s``: how far ahead the forecast looks (a worker's
-    start-up); ``lambda_qps_limit``: the QPS Lambda's concurrency can take of this group.
+    start-up); ``lambda_qps_limit``: the QPS Lambda's concurrency can take of this group;
+    ``peaks``: its most queries in one ``PEAK_SLICE_S`` slice, per second of ``counts``;
+    ``lambda_takes_bursts``: whether a Lambda cold start fits the group's budget.
     """
     found = envelope(counts)
     if not len(counts) or hardware_price_per_qps is None:
-        return Provisioning(mean_qps, mean_qps, 0, 0.0, 0.0, found)
+        return Provisioning(mean_qps, mean_qps, 0, 0.0, 0.0, 0.0, found)
     window = min(burst_window_s(mean_qps), len(counts))
     rates = window_rates(counts, window)
-    if lambda_price_per_query is None or lambda_price_per_query <= 0:
-        quantile = 1.0
+    burst = 0.0
+    if lambda_price_per_query is None or lambda_price_per_query <= 0 or not lambda_takes_bursts:
+        quantile = 1.0  # what goes beyond the plan is late on Lambda, whatever it costs
+        burst = poisson_equivalent_qps(peaks, mean_qps)
     else:
         quantile = min(1.0, max(0.0, 1.0 - hardware_price_per_qps / lambda_price_per_query))
-    target = float(np.quantile(rates, quantile, method="higher"))
+    target = max(float(np.quantile(rates, quantile, method="higher")), burst)
     # The forecast adds at most the target again: a minute of a steep rise is a guess.
     trend = min(target, growth_qps_per_s(counts) * lead_s)
     target += trend
     if lambda_qps_limit is not None and found:
         target = max(target, found[min(found)] - lambda_qps_limit)
-    return Provisioning(max(mean_qps, target), mean_qps, window, quantile, trend, found)
+    return Provisioning(max(mean_qps, target), mean_qps, window, quantile, trend, burst, found)
