@@ -1560,7 +1560,8 @@ project's own code for every decision: `InfaasPolicy.get_variant` (given the Lam
 and cold start, `LambdaTierState`) and `warmup` on `ProfileCache.candidates`' per-target lists,
 `live_view.with_in_flight`, `WorkerMonitor` (instance states, drains, the batch size each
 instance reports), `AimdController`, `RecentTightestBudget`/`batch_limit` and the batcher's
-deadline rule for each batch, `QueryLoadCounter`/`group_of` (query load per group) and `Scaler.tick` with
+deadline rule for each batch, `QueryLoadCounter`/`group_of` (query load per group, with each second's
+peak per 100 ms slice), `Scaler.tick` (its arrival envelope told the measured Lambda cold start) with
 the exact program (`solve_exact`, given {SIM_EXACT_TIME_LIMIT_S:g} s instead of its wall-clock 1 s so
 that every plan is HiGHS's optimum and runs are deterministic) or the greedy. Mirrored, not
 called (they act over HTTP): plans are placed as `InstancePlacer.place` places them (surplus

@@ -218,6 +218,10 @@ class Settings(_EnvSettings):
     # Each invocation ticks this often until the next one is due (modelless.scaling.ticks's
     # DEFAULT_PERIOD_S; ScheduledTicks refuses a period over its 60 s schedule).
     scaler_period_s: float = 10.0
+    # A Lambda container's cold start before the variant loads, as measured for this deployment
+    # (CloudWatch's Init Duration): a group whose budget it does not fit has its sub-second
+    # bursts provisioned on workers (modelless.scaling.envelope).
+    lambda_init_ms: float = Field(default=500.0, ge=0)
 
     # What a value must be, where its type alone does not say it well (see ``describe``).
     EXPECTED: ClassVar[Mapping[str, str]] = {

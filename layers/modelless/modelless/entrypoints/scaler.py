@@ -49,7 +49,11 @@ class ScalerFunction:
             self.store,
             self.pools,
             DEFAULT_POOLS,
-            ScalerConfig(max_workers=dict(settings.max_workers), min_workers=dict(settings.min_workers)),
+            ScalerConfig(
+                max_workers=dict(settings.max_workers),
+                min_workers=dict(settings.min_workers),
+                lambda_init_ms=settings.lambda_init_ms,
+            ),
         )
         self.ticks = ScheduledTicks(self.scaling_tick, self.store, period_s=settings.scaler_period_s)
 
