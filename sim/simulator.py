@@ -570,10 +570,14 @@ class Simulation:
         instance, batch, service_ms, started = job
         instance.busy = False
         self._note_queue(instance)
-        budget = min(q.slo_ms - (started - q.arrived) * 1000 for q in batch)
         rows = len(batch)
-        if budget > 0:
-            instance.aimd.observe(rows, service_ms, budget)
+        # As VariantBatcher._execute: the run against the tightest budget the batch carried, each
+        # as its query brought it, among queries a run of their own could have met. Not what the
+        # queue left of it: a queue that has eaten the budgets says nothing about the batch size,
+        # and halving the limit for it would shrink throughput just when the queue needs it.
+        budgets = [q.slo_ms for q in batch if q.slo_ms >= instance.estimate(1)]
+        if budgets:
+            instance.aimd.observe(rows, service_ms, min(budgets))
         if instance.worker.monitored:
             monitor = instance.worker.monitor
             variant_id = instance.variant.variant_id

@@ -351,6 +351,24 @@ def test_a_batch_never_outgrows_the_tightest_deadline_it_takes() -> None:
     assert sim._take(instance) == 2
 
 
+def test_a_queue_that_ate_the_budgets_does_not_shrink_the_batch_limit() -> None:
+    # VariantBatcher._execute: the limit answers to the run against the budgets the queries
+    # brought, not to what the queue left of them (else a backlog halves the limit, throughput
+    # falls and the backlog grows: a spiral the real worker does not have).
+    big = fast(variant("big", "cpu", 0.5, 0.99))
+    sim = Simulation([big], POOLS, CONFIG, duration_s=1.0)
+    worker = sim.add_worker(POOLS["cpu"], ready_in_s=0.0)
+    instance = sim.load(worker, big, preloaded=True)
+    instance.aimd = AimdController(8, initial=4)
+    targets = QueryTargets(APP, latency_ms=10.0, min_accuracy=0.99)
+    batch = [Query(Arrival(0.0, targets, 10.0, "big"), measured=False) for _ in range(4)]
+    sim.now = 0.05  # they queued 50 ms: every budget is spent before the run starts
+    sim._finish((instance, batch, 1.5, sim.now))
+    assert instance.aimd.limit == 5  # a full batch that ran within its 10 ms: it grows
+    sim._finish((instance, [Query(Arrival(0.0, targets, 10.0, "big"), measured=False)] * 5, 12.0, sim.now))
+    assert instance.aimd.limit == 2  # a run over the budget itself: it shrinks
+
+
 def test_a_lambda_container_serves_every_variant_of_its_memory_size() -> None:
     profiles = zoo()
     big, small = by_id(profiles, "big", "lambda-cpu"), by_id(profiles, "small", "lambda-cpu")
