@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, write_fragment
+from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, span, write_fragment
 from modelless.pipelines.planner import PipelinePlan, plan_pipeline
 from modelless.pipelines.spec import PipelineSpec
 from modelless.pipelines.tuner import StageState, TunerConfig, envelope, tune
@@ -717,15 +717,6 @@ def headline(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _spread(rows: Sequence[dict[str, Any]], column: str) -> str:
-    """A column's range over ``rows``, as "low-high" (one value when they agree; "n/a" for none)."""
-    values = sorted(float(r[column]) for r in rows)
-    if not values:
-        return "n/a"
-    low, high = values[0], values[-1]
-    return f"{low:g}" if low == high else f"{low:g}-{high:g}"
-
-
 def markdown(
     rows: list[dict[str, Any]],
     plan: Plan,
@@ -775,14 +766,15 @@ configuration with a simpler per-stage rule), on one kind of hardware (the CPU p
 here; InferLine mixed GPUs and CPUs, where a bad split between stages costs whole GPUs), and for
 these two-stage pipelines, whose second stage dominates the latency, its proportional split
 needs as many workers as the best split the pipeline planner finds (which tries it too): on
-the conv trace and Poisson arrivals coarse-grained costs {_spread(steady, "coarse/ours cost")}x
+the conv trace and Poisson arrivals coarse-grained costs {span((r["coarse/ours cost"] for r in steady), 2)}x
 ours (below 1: ours is dearer, the tuner keeping capacity for the envelope).
 Where arrivals are bursty (Gamma CV 4) the tuner provisions for the envelope: its attainment
-is {_spread(bursty, "inferline SLO %")} % where coarse-grained autoscaling on the mean reaches
-{_spread(bursty, "coarse SLO %")} %, and it pays for that with more replicas held through the
+is {span((r["inferline SLO %"] for r in bursty), 2)} % where coarse-grained autoscaling on the mean reaches
+{span((r["coarse SLO %"] for r in bursty), 2)} %, and it pays for that with more replicas held through the
 bursts (a burst stays in the minute-long envelope, then the hold): coarse/ours cost
-{_spread(bursty, "coarse/ours cost")}x; static peak provisioning for the busiest 10 s costs
-{_spread(bursty, "peak/ours cost")}x ours there, at {_spread(bursty, "peak SLO %")} % attainment.
+{span((r["coarse/ours cost"] for r in bursty), 2)}x; static peak provisioning for the busiest 10 s
+costs {span((r["peak/ours cost"] for r in bursty), 2)}x ours there, at
+{span((r["peak SLO %"] for r in bursty), 2)} % attainment.
 The miss-rate ratios (coarse over ours) are where InferLine's shape shows.
 The first configurations (on the conv trace; `x n`: replicas, `+`: a mix the program chose):
 

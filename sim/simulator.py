@@ -575,7 +575,8 @@ class Simulation:
         # as its query brought it, among queries a run of their own could have met. Not what the
         # queue left of it: a queue that has eaten the budgets says nothing about the batch size,
         # and halving the limit for it would shrink throughput just when the queue needs it.
-        budgets = [q.slo_ms for q in batch if q.slo_ms >= instance.estimate(1)]
+        alone_ms = instance.estimate(1)
+        budgets = [q.slo_ms for q in batch if q.slo_ms >= alone_ms]
         if budgets:
             instance.aimd.observe(rows, service_ms, min(budgets))
         if instance.worker.monitored:

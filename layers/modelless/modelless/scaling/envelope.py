@@ -23,10 +23,10 @@ decision (InferLine's tuner provisions for the arrival envelope; INFaaS for the 
   rate at which the highest peak of the history is no rarer than one slice in all of them, where
   Poisson arrivals at the mean would not reach it (``BURST_SIGNIFICANCE``): for clumped arrivals,
   what a Poisson-sized plan (the saturation rates) must be given so that the clumps fit its
-  queues. It counts where
-  Lambda cannot take a burst in time: no Lambda variant meets the budget, or a cold start
-  (``lambda_cold_start_ms``) does not fit it, so that a burst beyond the warm containers is late
-  on Lambda whatever it costs. There the window rates are covered at their maximum too.
+  queues. It counts where Lambda cannot take a burst in time: no Lambda variant meets the
+  budget, or a cold start (``ScalerConfig.lambda_init_ms`` plus the variant's load) does not fit
+  it, so that a burst beyond the warm containers is late on Lambda whatever it costs. There the
+  window rates are covered at their maximum too.
 - A short-horizon forecast: where the rate has been growing, C grows by the trend over the time
   a worker takes to start (least squares over the series).
 - Lambda's limits: C is at least the highest one-second rate less what Lambda's concurrency
