@@ -73,7 +73,7 @@ from modelless.query_load import QueryGroup, QueryLoadCounter, group_of
 from modelless.scaling.controller import Scaler, ScalerConfig, Solver
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.problem import MEMORY_MB, ScalingPlan, ScalingProblem, resource_demand
-from modelless.selection import InfaasPolicy, LambdaTierState
+from modelless.selection import InfaasPolicy, LambdaTierState, needs_warming
 from modelless.types import (
     InstanceState,
     InstanceStats,
@@ -1034,8 +1034,9 @@ class Modelless:
     Per query, what ``Dispatcher.select`` does, minus what only a real gateway needs: the
     candidates come from a real ``ProfileCache`` (the gateway's per-target cache); the live state is the
     simulation's, always current (the real snapshot TTL and recent-load overlay are wall-clock
-    devices for a state read over the network); on a miss, ``warmup`` names what to load and it
-    is loaded here (the real one hands it to a thread that invokes a worker). The query that
+    devices for a state read over the network); on a miss, or a late answer from a worker's queue
+    (``needs_warming``), ``warmup`` names what to load and it is loaded here (the real one hands it
+    to a thread that invokes a worker or the Lambda tier). The query that
     missed is refused (a 422), which counts as a violation."""
 
     def __init__(
@@ -1091,16 +1092,11 @@ class Modelless:
                 targets, candidates, workers, lambda_tier=sim.lambda_tier_state()
             )
         except TargetsUnreachableError:
-            warm = self._policy.warmup(targets, candidates, workers)
-            if warm is not None and self._warming.get(warm.variant.variant_id, -math.inf) <= sim.now:
-                if warm.tier is Tier.LAMBDA:
-                    done = sim.warm_lambda(warm.variant)
-                    if done is not None:
-                        self._warming[warm.variant.variant_id] = done
-                elif warm.worker_id in sim.workers:
-                    sim.load(sim.workers[warm.worker_id], warm.variant)
+            self._warm_ahead(sim, targets, candidates, workers)
             sim.fail(query)
             return
+        if needs_warming(decision, targets):
+            self._warm_ahead(sim, targets, candidates, workers)
         chosen = sim.workers.get(decision.worker_id or "") if decision.tier is not Tier.LAMBDA else None
         if chosen is not None and sim.refuses(chosen, decision.variant.variant_id):
             # The worker answers 503 instance_draining: the dispatcher retries elsewhere (another
@@ -1122,6 +1118,25 @@ class Modelless:
             sim.fail(query)  # refused twice: the query's 503 names both attempts
             return
         sim.enqueue(sim.load(worker, decision.variant), query)
+
+    def _warm_ahead(
+        self,
+        sim: Simulation,
+        targets: QueryTargets,
+        candidates: Sequence[VariantProfile],
+        workers: Sequence[WorkerState],
+    ) -> None:
+        """``Dispatcher._warm_ahead``: load what would meet ``targets`` once loaded, one warm-up
+        per variant at a time."""
+        warm = self._policy.warmup(targets, candidates, workers)
+        if warm is None or self._warming.get(warm.variant.variant_id, -math.inf) > sim.now:
+            return
+        if warm.tier is Tier.LAMBDA:
+            done = sim.warm_lambda(warm.variant)
+            if done is not None:
+                self._warming[warm.variant.variant_id] = done
+        elif warm.worker_id in sim.workers:
+            sim.load(sim.workers[warm.worker_id], warm.variant)
 
     def tick(self, sim: Simulation) -> None:
         assert self._scaler is not None

@@ -4,6 +4,7 @@ and the live view, run where it says; the errors that say why nothing qualified.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,8 +19,8 @@ from modelless.exceptions import (
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.runtime import inputs_of
-from modelless.selection import InfaasPolicy
-from modelless.types import Tier, VariantProfile
+from modelless.selection import InfaasPolicy, LambdaTierState
+from modelless.types import Decision, Tier, VariantProfile
 from tests.unit.dispatch_kit import (
     APP,
     LAMBDA_OUT,
@@ -39,6 +40,7 @@ from tests.unit.dispatch_kit import (
     snapshot_dispatcher,
     targets,
 )
+from tests.waiting import scaled, wait_for
 
 
 def test_dispatcher_sends_a_worker_decision_to_the_worker_address() -> None:
@@ -132,6 +134,60 @@ def test_dispatcher_without_a_lambda_tier_serves_on_a_queued_instance_late_rathe
     assert result.tier is Tier.WORKER and result.worker_id == "w1"
     assert result.decision.expected_latency_ms == 7.5 + 7 * 7.0
     assert "the quickest, late" in result.decision.reason
+
+
+def test_dispatcher_answering_late_from_a_queue_warms_a_container_for_the_next_query() -> None:
+    # Every container is busy and a cold start would take far longer than the worker's queue:
+    # the query goes, late, to the queue, and a warm-up starts a container for the next one
+    # (before, only a refusal warmed anything, so a burst's Lambda capacity never grew).
+    store = InMemoryMetadataStore()
+    seed(store, [resnet_like()])
+    store.put_worker_state(live_worker("w1", queued("v", 7), free_slots=0))
+    workers, lambda_tier = FakeWorkers(WORKER_OUT), FakeLambda(LAMBDA_OUT)
+    all_busy = LambdaTierState(idle_by_memory={}, default_memory_mb=1769, cold_start_ms=5_000.0)
+    dispatcher = Dispatcher(
+        store, InfaasPolicy(DEFAULT_POOLS), workers, lambda_tier, lambda_state=lambda: all_busy
+    )
+
+    result = dispatcher.online_query(targets(latency=50, accuracy=0.5), batch_of_one())
+
+    assert (result.tier, result.worker_id) == (Tier.WORKER, "w1")
+    assert result.decision.expected_latency_ms > 50
+    warm_up = wait_for(
+        lambda: lambda_tier.calls[0] if lambda_tier.calls else None, scaled(5.0), "the warm-up"
+    )
+    assert warm_up["variant_id"] == "v"
+    assert str(warm_up["correlation_id"]).startswith("warmup-")
+
+
+class WarmupCountingPolicy(InfaasPolicy):
+    """The policy, counting the warm-ups it is asked for (the Dispatcher asks synchronously)."""
+
+    def __init__(self) -> None:
+        super().__init__(DEFAULT_POOLS)
+        self.warmups = 0
+
+    def warmup(self, *args: Any, **kwargs: Any) -> Decision | None:
+        self.warmups += 1
+        return super().warmup(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("queued_ahead", "warmups"), [(2, 0), (7, 1)])
+def test_dispatcher_asks_for_a_warm_up_only_when_it_answers_late(queued_ahead: int, warmups: int) -> None:
+    # 2 queued: 7.5 + 2 x 7 ms meets the 50 ms budget; 7 queued does not.
+    store = InMemoryMetadataStore()
+    seed(store, [resnet_like()])
+    store.put_worker_state(live_worker("w1", queued("v", queued_ahead), free_slots=0))
+    all_busy = LambdaTierState(idle_by_memory={}, default_memory_mb=1769, cold_start_ms=5_000.0)
+    policy = WarmupCountingPolicy()
+    dispatcher = Dispatcher(
+        store, policy, FakeWorkers(WORKER_OUT), FakeLambda(LAMBDA_OUT), lambda_state=lambda: all_busy
+    )
+
+    result = dispatcher.online_query(targets(latency=50, accuracy=0.5), batch_of_one())
+
+    assert (result.tier, result.worker_id) == (Tier.WORKER, "w1")
+    assert policy.warmups == warmups
 
 
 def test_dispatcher_without_a_lambda_tier_prefers_a_worker_with_room_to_a_spill() -> None:

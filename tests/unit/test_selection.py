@@ -17,6 +17,7 @@ from modelless.selection import (
     Candidates,
     InfaasPolicy,
     closest_variant,
+    needs_warming,
     queue_wait_ms,
     unreachable_error,
 )
@@ -150,6 +151,24 @@ def test_active_instance_on_a_lambda_pool_worker_runs_on_the_lambda_tier(policy:
     assert decision.tier is Tier.LAMBDA
     assert decision.state is InstanceState.ACTIVE
     assert decision.worker_address is None
+
+
+def test_an_active_lambda_instance_is_not_delayed_by_its_busy_containers(policy: InfaasPolicy) -> None:
+    # The tier reports its busy containers as the instance's queue; an Active one has an idle
+    # container holding the variant, so a query there waits for none of them. Counted as a
+    # queue, 7 busy containers would make it 7.5 + 7 x 7 ms and send the query, late, to the
+    # worker's queue below.
+    v = resnet_like("v")
+    workers = [
+        make_worker("w1", queued("v", 7), free_slots=0),
+        make_worker("lambda-tier", queued("v", 7), pool=LAMBDA, address=""),
+    ]
+
+    decision = policy.get_variant(targets(latency=50, accuracy=0.5), [v], workers)
+
+    assert (decision.tier, decision.state) == (Tier.LAMBDA, InstanceState.ACTIVE)
+    assert decision.expected_latency_ms == 7.5
+    assert not needs_warming(decision, targets(latency=50, accuracy=0.5))
 
 
 # --- What is queued on an Active instance ------------------------------------------------------
@@ -635,9 +654,10 @@ def reference_get_variant(
                 and (instance.state is InstanceState.ACTIVE or overloaded)
                 and variant.latency_ms(targets.batch) <= budget
             ):
-                # The queue ahead, run by run at the instance's batch size (within the profile).
+                # The queue ahead, run by run at the instance's batch size (within the profile);
+                # none on the Lambda tier, whose "queue" is its busy containers.
                 runs_of = min(max(1, instance.batch_limit), max(variant.latency_p50_ms))
-                runs = -(-instance.queue_length // runs_of)
+                runs = 0 if on_lambda(worker.pool) else -(-instance.queue_length // runs_of)
                 median = variant.latency_p50_ms[min(b for b in variant.latency_p50_ms if b >= runs_of)]
                 expected = variant.latency_ms(targets.batch) + runs * median
                 if overloaded:

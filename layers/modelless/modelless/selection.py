@@ -407,7 +407,10 @@ class InfaasPolicy:
                     continue
                 queued = instance.queue_length
                 expected = latency
-                if queued > 0:
+                # The Lambda tier's queue is its busy containers: an Active instance there has an
+                # idle container holding it, and busy ones delay it no more than another
+                # worker's queue delays a worker's instance.
+                if queued > 0 and not on_lambda:
                     expected += queue_wait_ms(
                         scored.variant, queued, instance.batch_limit, scale, concurrency
                     )
@@ -619,6 +622,15 @@ class InfaasPolicy:
 
 def _budget(targets: QueryTargets) -> float:
     return targets.latency_ms if targets.latency_ms is not None else math.inf
+
+
+def needs_warming(decision: Decision, targets: QueryTargets) -> bool:
+    """Whether a served query should still start a warm-up (``SelectionPolicy.warmup``): it goes,
+    late, to a worker's queue because nothing meets its budget now. Only a refusal used to warm
+    anything, and selection prefers a late answer from a queue to a cold start, so a tier whose
+    warm capacity a burst outgrew never grew: every query of the next burst was late again. (A
+    late decision on the Lambda tier starts its container itself.)"""
+    return decision.tier is Tier.WORKER and decision.expected_latency_ms > _budget(targets)
 
 
 def _eligible(targets: QueryTargets, candidates: Sequence[VariantProfile]) -> list[VariantProfile]:

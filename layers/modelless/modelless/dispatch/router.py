@@ -34,11 +34,12 @@ from modelless.selection import (
     Candidates,
     LambdaTierState,
     SelectionPolicy,
+    needs_warming,
     unreachable_error,
 )
 from modelless.tensors import from_feeds
 from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, RETRIED, TIER, VARIANT, WORKER, enabled, span
-from modelless.types import Decision, InstanceState, QueryTargets, Tier, WorkerState
+from modelless.types import Decision, InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
 
 logger = Logger(service="gateway", child=True)
 
@@ -107,9 +108,13 @@ class Dispatcher:
             candidates = self.profiles.candidates(targets, version)
             if candidates:
                 try:
-                    return self._get_variant(targets, candidates, workers)
+                    decision = self._get_variant(targets, candidates, workers)
                 except TargetsUnreachableError:
                     pass
+                else:
+                    if needs_warming(decision, targets):
+                        self._warm_ahead(targets, candidates, workers)
+                    return decision
             if fresh:
                 break
             # A miss from a snapshot: decide again on what the store says now (a model published
@@ -120,10 +125,9 @@ class Dispatcher:
         # The candidates met the accuracy but not the latency: name the closest of them all.
         everything = self._store.list_variants(targets.app_id, targets.model_name)
         error = unreachable_error(targets, everything)
-        warm = self._policy.warmup(targets, candidates, workers)
+        warm = self._warm_ahead(targets, candidates, workers)
         if warm is not None:
-            # Only the load time was in the way: load it now so the next such query is served.
-            self._start_warmup(warm)
+            # Only the load time was in the way: it is being loaded for the next such query.
             error.details["warming"] = {
                 "variant": warm.variant.variant_id,
                 "tier": warm.tier.value,
@@ -151,6 +155,16 @@ class Dispatcher:
         if not self._has_lambda_tier:
             return self._policy.get_variant(targets, candidates, workers, lambda_tier=NO_LAMBDA_TIER)
         return self._policy.get_variant(targets, candidates, workers)
+
+    def _warm_ahead(
+        self, targets: QueryTargets, candidates: Sequence[VariantProfile], workers: Sequence[WorkerState]
+    ) -> Decision | None:
+        """Load, in the background, what would meet ``targets`` once loaded (the policy's
+        ``warmup``), so that the next such query is served in time; what it loads, or None."""
+        warm = self._policy.warmup(targets, candidates, workers)
+        if warm is not None:
+            self._start_warmup(warm)
+        return warm
 
     def _start_warmup(self, decision: Decision) -> None:
         variant = decision.variant
