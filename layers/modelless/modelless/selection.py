@@ -377,7 +377,7 @@ class InfaasPolicy:
         # budget only when idle is kept aside: the answer, late, if nothing else can be.
         best: Scored | None = None
         best_worker: WorkerState | None = None
-        best_key: tuple[bool, float, float, int, float, float, str] | None = None
+        best_key: tuple[bool, bool, float, float, int, float, float, str] | None = None
         best_expected = 0.0
         queued_out: tuple[float, str, Scored, WorkerState] | None = None
         lookup = table.get
