@@ -196,8 +196,8 @@ QUICK_S = 120.0  # --quick: a replay's busiest 2 minutes, a synthetic process's 
 # is Poisson at that rate. INFaaS's patterns: their curve's peak and first rate.
 PEAK_WINDOW_S = 10.0
 START_WINDOW_S = 30.0
-# Targets of the issue (INFaaS: 21.6x at flat low load).
-FLAT_TARGET_RATIO = 20.0
+# Targets of the issues: issue 14 asks for at least 25x at flat 4 QPS (INFaaS: 21.6x).
+FLAT_TARGET_RATIO = 25.0
 PRICE_NAMES = (("CPU", "cpu"), ("Inferentia", "neuron"), ("GPU", "cuda"))
 # Under every table whose figures involve GPU or Inferentia variants (their latencies, hence
 # their instance counts and costs).
@@ -881,8 +881,14 @@ def findings(outcome: Outcome) -> str:
             "- **INFaaS's regime holds.** At steady 650-700 QPS the CPU baselines, held to one "
             f"c5.large, violated {span([100 * r['violation_ratio'] for r in cpu], 1)} % of the SLOs "
             "(their queues grow without end; INFaaS's CPU baselines served about 10 QPS); the project "
-            f"violated {span([100 * r['violation_ratio'] for r in ours], 2)} % and was "
-            f"{span(ratios(outcome, 'steady', 'clipper+-gpu'), 1)}x cheaper than static GPU."
+            f"violated {span([100 * r['violation_ratio'] for r in ours], 2)} %, and static GPU cost "
+            f"{span(ratios(outcome, 'steady', 'clipper+-gpu'), 2)}x what it did"
+            + (
+                " (below 1: the project was dearer; the accelerator variants accurate enough for "
+                "its queries decide it, see the zoo above)."
+                if min(ratios(outcome, "steady", "clipper+-gpu")) < 1
+                else "."
+            )
         )
     if "flat" in keys:
         ours = outcome.of("flat", "modelless")
@@ -1802,6 +1808,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.rerender:
         recorded = json.loads((args.out / f"{PART}.json").read_text())
+        # The recorded run's models, kept in what is written again (else a second re-render
+        # would read no --only and register the whole zoo).
+        args.only = recorded.get("only") or args.only
         outcome = outcome_from_json(recorded, args)
         ran_on, command = str(recorded["machine"]), str(recorded["command"])
         args.jobs = int(recorded.get("jobs", args.jobs))
