@@ -405,23 +405,6 @@ def test_an_accelerator_variant_with_no_room_is_never_spilled_to_the_lambda_tier
     assert policy.warmup(targets(latency=100), [fast_gpu], full_gpu) is None
 
 
-def test_a_workers_instance_goes_before_a_warm_lambda_container_that_looks_cheaper(
-    policy: InfaasPolicy,
-) -> None:
-    # The worker is paid for whether it serves or not; each query on Lambda is paid again. Per
-    # query alone, Lambda's price can look lower than an accelerator's share of its device.
-    on_lambda = make_variant("lambda-v", pool=LAMBDA, price_per_second=1e-6)
-    on_gpu = make_variant("gpu-v", pool="gpu", price_per_second=1.0)
-    workers = [
-        make_worker("gpu-1", make_instance("gpu-v"), pool="gpu"),
-        make_worker("lambda-tier", make_instance("lambda-v"), pool=LAMBDA, address=""),
-    ]
-
-    decision = policy.get_variant(targets(latency=50), [on_lambda, on_gpu], workers)
-
-    assert (decision.variant.variant_id, decision.tier, decision.worker_id) == ("gpu-v", Tier.WORKER, "gpu-1")
-
-
 def test_a_worker_variant_warm_on_the_lambda_tier_is_priced_at_lambdas_price(policy: InfaasPolicy) -> None:
     # A cheap CPU variant once spilled to the Lambda tier must not look cheaper there than a
     # slightly dearer CPU variant on a worker: on the Lambda tier it pays Lambda's price.
@@ -695,7 +678,6 @@ def reference_get_variant(
         variant, worker, _, expected = min(
             active,
             key=lambda p: (
-                on_lambda(p[1].pool),  # a worker's instance before a warm Lambda container
                 cost(p[0], p[1]),
                 p[0].latency_ms(targets.batch),
                 p[2].queue_length,

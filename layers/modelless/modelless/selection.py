@@ -342,18 +342,20 @@ def for_targets(candidates: Sequence[VariantProfile], targets: QueryTargets) -> 
 
 
 class InfaasPolicy:
-    """Active instances first (on a worker before the Lambda tier's warm containers; cheapest,
-    then least-loaded worker) whose profiled latency and the wait for their queue meet the
-    budget; else the inactive variant with the lowest load + inference latency, on the
-    least-utilised worker of its pool or, when no worker has room, on the Lambda tier; else,
-    late, the instance whose queue delays it least. Overloaded and Interfered instances are
-    skipped, but for this: where nothing meets the budget and nothing new can start (no
-    placement, or a Lambda tier at its concurrency limit), an Overloaded instance on a worker
-    is the late answer; while a container can start, a burst spills to it.
+    """Active instances first (cheapest, then least-loaded worker) whose profiled latency and the
+    wait for their queue meet the budget; else the inactive variant with the lowest load +
+    inference latency, on the least-utilised worker of its pool or, when no worker has room, on
+    the Lambda tier; else, late, the instance whose queue delays it least. Overloaded and
+    Interfered instances are skipped, but for this: where nothing meets the budget and nothing
+    new can start (no placement, or a Lambda tier at its concurrency limit), an Overloaded
+    instance on a worker is the late answer; while a container can start, a burst spills to it.
 
-    Given the Lambda tier's state, a cold start counts in the expected latency of a decision
-    that needs one (ranking the inactive variants). The tier's busy containers are not a queue:
-    an Active instance there has an idle container holding it."""
+    Given the Lambda tier's state, a cold start counts: in the expected latency of a decision
+    that needs one (ranking the inactive variants), and, for a query whose budget a cold start
+    would break, a warm Lambda container ranks after a worker's instance that meets the budget
+    (a concurrent query may take the idle container first, leaving this one a cold start; an
+    instance on a worker never starts cold). The tier's busy containers are not a queue: an
+    Active instance there has an idle container holding it."""
 
     def __init__(self, pools: Mapping[str, PoolSpec]) -> None:
         self._pools = pools
@@ -377,7 +379,7 @@ class InfaasPolicy:
         # budget only when idle is kept aside: the answer, late, if nothing else can be.
         best: Scored | None = None
         best_worker: WorkerState | None = None
-        best_key: tuple[bool, bool, float, float, int, float, float, str] | None = None
+        best_key: tuple[bool, float, float, int, float, float, str] | None = None
         best_expected = 0.0
         queued_out: tuple[float, str, Scored, WorkerState] | None = None
         lookup = table.get
@@ -428,12 +430,8 @@ class InfaasPolicy:
                 if on_lambda and not self._is_lambda(scored.variant.pool):
                     # A worker variant spilled to the Lambda tier runs at Lambda's price there.
                     cost = self._lambda_cost(scored.variant, targets.batch)
-                # A worker's instance that meets the budget goes before the Lambda tier whatever
-                # their prices per query: the worker is paid for whether it serves or not, and
-                # every query on Lambda is paid again (priced per query alone, a warm container
-                # can look cheaper than an accelerator's instance, and took the load the plan had
-                # provisioned for). Among equal instances, the shortest queue (the gateway lays
-                # its own queries in flight over the reports), then the least-utilised worker.
+                # Among equal instances, the shortest queue (the gateway lays its own queries in
+                # flight over the reports), then the least-utilised worker.
                 cold_risk = (
                     on_lambda
                     and lambda_tier is not None
@@ -441,7 +439,6 @@ class InfaasPolicy:
                 )
                 agreement = -(scored.variant.agreement or 0.0)  # equal otherwise: closer to the original
                 key = (
-                    on_lambda,
                     cold_risk,
                     cost,
                     latency,

@@ -162,8 +162,9 @@ class Dispatcher:
         """Load, in the background, what would meet ``targets`` once loaded (the policy's
         ``warmup``), so that the next such query is served in time; what it loads, or None."""
         warm = self._policy.warmup(targets, candidates, workers)
-        if warm is not None:
-            self._start_warmup(warm)
+        if warm is None or (warm.tier is Tier.LAMBDA and not self._has_lambda_tier):
+            return None  # nowhere to load it: no worker has room and there is no Lambda tier
+        self._start_warmup(warm)
         return warm
 
     def _start_warmup(self, decision: Decision) -> None:
