@@ -877,16 +877,17 @@ def findings(outcome: Outcome) -> str:
     out = []
     if "steady" in keys:
         ours, cpu = outcome.of("steady", "modelless"), outcome.of("steady", "clipper+-cpu")
+        static_gpu = ratios(outcome, "steady", "clipper+-gpu")
         out.append(
             "- **INFaaS's regime holds.** At steady 650-700 QPS the CPU baselines, held to one "
             f"c5.large, violated {span([100 * r['violation_ratio'] for r in cpu], 1)} % of the SLOs "
             "(their queues grow without end; INFaaS's CPU baselines served about 10 QPS); the project "
             f"violated {span([100 * r['violation_ratio'] for r in ours], 2)} %, and static GPU cost "
-            f"{span(ratios(outcome, 'steady', 'clipper+-gpu'), 2)}x what it did"
+            f"{span(static_gpu, 2)}x what it did"
             + (
                 " (below 1: the project was dearer; the accelerator variants accurate enough for "
                 "its queries decide it, see the zoo above)."
-                if min(ratios(outcome, "steady", "clipper+-gpu")) < 1
+                if min(static_gpu) < 1
                 else "."
             )
         )

@@ -136,6 +136,10 @@ def test_dispatcher_without_a_lambda_tier_serves_on_a_queued_instance_late_rathe
     assert "the quickest, late" in result.decision.reason
 
 
+# The local tier's view with every container busy and a cold start far past a 50 ms budget.
+ALL_CONTAINERS_BUSY = LambdaTierState(idle_by_memory={}, default_memory_mb=1769, cold_start_ms=5_000.0)
+
+
 def test_dispatcher_answering_late_from_a_queue_warms_a_container_for_the_next_query() -> None:
     # Every container is busy and a cold start would take far longer than the worker's queue:
     # the query goes, late, to the queue, and a warm-up starts a container for the next one
@@ -144,9 +148,8 @@ def test_dispatcher_answering_late_from_a_queue_warms_a_container_for_the_next_q
     seed(store, [resnet_like()])
     store.put_worker_state(live_worker("w1", queued("v", 7), free_slots=0))
     workers, lambda_tier = FakeWorkers(WORKER_OUT), FakeLambda(LAMBDA_OUT)
-    all_busy = LambdaTierState(idle_by_memory={}, default_memory_mb=1769, cold_start_ms=5_000.0)
     dispatcher = Dispatcher(
-        store, InfaasPolicy(DEFAULT_POOLS), workers, lambda_tier, lambda_state=lambda: all_busy
+        store, InfaasPolicy(DEFAULT_POOLS), workers, lambda_tier, lambda_state=lambda: ALL_CONTAINERS_BUSY
     )
 
     result = dispatcher.online_query(targets(latency=50, accuracy=0.5), batch_of_one())
@@ -178,10 +181,13 @@ def test_dispatcher_asks_for_a_warm_up_only_when_it_answers_late(queued_ahead: i
     store = InMemoryMetadataStore()
     seed(store, [resnet_like()])
     store.put_worker_state(live_worker("w1", queued("v", queued_ahead), free_slots=0))
-    all_busy = LambdaTierState(idle_by_memory={}, default_memory_mb=1769, cold_start_ms=5_000.0)
     policy = WarmupCountingPolicy()
     dispatcher = Dispatcher(
-        store, policy, FakeWorkers(WORKER_OUT), FakeLambda(LAMBDA_OUT), lambda_state=lambda: all_busy
+        store,
+        policy,
+        FakeWorkers(WORKER_OUT),
+        FakeLambda(LAMBDA_OUT),
+        lambda_state=lambda: ALL_CONTAINERS_BUSY,
     )
 
     result = dispatcher.online_query(targets(latency=50, accuracy=0.5), batch_of_one())
