@@ -287,8 +287,11 @@ def test_the_embedded_stack_can_run_jobs_in_child_processes(
             return (current is not None and current.status is JobStatus.COMPLETED) or None
 
         wait_for(completed, 30.0, "the child process to complete the job")
-        # The child's report comes back through its own channel, whatever its logs say.
-        again = service.submit(JobSpec(APP, f"s3://{buckets.data}/in/", f"s3://{buckets.data}/again/", 0.5))
+        # The child's report comes back through its own channel, whatever its logs say. Not
+        # launched by the service: its own child would race this one for the job's lease.
+        again = service.submit(
+            JobSpec(APP, f"s3://{buckets.data}/in/", f"s3://{buckets.data}/again/", 0.5), launch=False
+        )
         report = ChildProcessRunner(redis_url(redis_store))(again.job_id)
         assert (report.outcome, report.processed) == (RunOutcome.COMPLETED, len(keys))
     finally:
