@@ -264,3 +264,51 @@ def test_a_plan_stopped_by_the_deadline_is_kept_when_the_greedys_is_no_cheaper(
     assert plan.solver == "milp" and plan.status is PlanStatus.TIME_LIMIT
     assert plan.objective == pytest.approx(optimum.objective)
     assert plan.gap == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("architectures", "seed"), [(8, 17), (20, 5), (60, 3)])
+def test_the_lps_rounding_is_a_valid_plan_where_every_component_has_a_block(
+    architectures: int, seed: int
+) -> None:
+    """Blocks (per-variant rows, switched on by m) are rounded too: the block as if fully on,
+    instances rounded up; the plan it reads back serves every group and breaks nothing."""
+    import time
+
+    from modelless.scaling import exact
+
+    problem = make_problem(architectures, seed)
+    usable = usable_variants(problem)
+    components = components_of(problem, usable)
+    blocks = frozenset(range(len(components)))
+    model = exact._build(problem, components, usable, blocks, patterns=True)
+    duals = exact._lp_duals(model, 60.0)
+    assert duals is not None and model.m_cols.keys() == blocks
+    rounded = exact._rounded(problem, model, duals.x)
+    assert rounded is not None
+    assert float(model.c @ rounded) >= duals.bound - 1e-6
+    plan = exact._plan(problem, model, rounded, PlanStatus.TIME_LIMIT, time.perf_counter(), [], None)
+    assert violations(problem, plan) == [] and plan.unmet_qps == {}
+
+
+def test_a_milp_that_never_answers_leaves_the_best_rounding_not_the_holding_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HiGHS abandoned past its deadline (OutOfTime) in the plan's MILP: the call still returns
+    a plan of the program, with the bound its LPs proved, and nothing unmet."""
+    from modelless.scaling import exact
+    from modelless.scaling.deadline import OutOfTime
+
+    problem = make_problem(60, seed=3)
+    optimum = solve_exact(problem, time_limit_s=120.0)
+
+    def abandoned(*args: object, **kwargs: object) -> object:
+        raise OutOfTime
+
+    monkeypatch.setattr(exact, "_attempt", abandoned)
+    plan = solve_exact(problem, time_limit_s=60.0)
+
+    assert plan.solver == "milp" and plan.status is PlanStatus.TIME_LIMIT
+    assert plan.unmet_qps == {} and violations(problem, plan) == []
+    assert plan.lower_bound is not None and plan.lower_bound <= optimum.objective * (1 + 1e-9)
+    assert optimum.objective * (1 - 1e-4) <= plan.objective
+    assert plan.gap is not None and plan.gap < 0.25

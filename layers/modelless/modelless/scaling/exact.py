@@ -31,8 +31,8 @@ may need more. The solver stays exact by proving that the rest cannot do better:
    Where ``rho[c] < 0`` (another instance may pay), c gets its patterns of one instance more,
    and the LP is solved again, until no ``rho`` is negative (or half the time is gone). Then
    ``LB = (the LP's Lagrangian bound) + Σ_c min(0, rho[c])`` bounds every plan from below.
-2. *The plan.* The pattern MILP, with the time left (and, should HiGHS stop early, the LP's
-   solution rounded as a safety net).
+2. *The plan.* The pattern MILP, with the time left, told the best rounding of step 1's LPs as
+   the plan to beat (each LP's solution rounded, blocks included: below).
 3. *The proof.* The same MILP with *stand-ins*: for each component, a few columns that relax
    every way to serve it with more instances than its patterns hold (per set of pools: the least
    resources and load cost such a way can use, the Lambda it cannot avoid; no fewer instances
@@ -94,15 +94,21 @@ construction. Beyond that, the plan takes the workers first-fit needs (or drops 
 fit: its load goes to Lambda or is unmet) and is called ``feasible``: its lower bound still holds.
 
 **The deadline** (:mod:`modelless.scaling.deadline`) is for the whole call. The long loops read
-the clock; the LP's rounding is the first plan, and with it *reduced-cost fixing*: an integer
-column whose LP reduced cost exceeds the best plan's objective less the LP's bound is in no
-cheaper plan, so it is fixed at 0, in the plan's MILP and in every proof round. Past the
-deadline the call returns the best plan found so far, or, where HiGHS found none, the greedy's
-(under the same deadline), or the holding plan (what runs now stays, Lambda takes the rest).
+the clock. Every LP of step 1 is rounded into a plan (:func:`_rounded`: each component's
+likeliest choice; a chosen block as if fully on, its instances rounded up; the fewest workers
+that hold them), so a plan exists from the first LP on; the cheapest is the plan to beat, and
+with it *reduced-cost fixing*: an integer column whose LP reduced cost exceeds the best plan's
+objective less the LP's bound is in no cheaper plan, so it is fixed at 0, in the plan's MILP and
+in every proof round. Past the deadline the call returns the best plan found so far, with the
+bound proven by then; where there is none yet, the greedy's (under the same deadline), or the
+holding plan (what runs now stays, Lambda takes the rest). Before the roundings took blocks, a
+500-architecture call under 1 s ended on the holding plan (its load unmet) in 3 seeded problems
+of 6, whenever the plan's MILP ran past its limit: ``docs/bench/scaler.md``.
 """
 
 from __future__ import annotations
 
+import atexit
 import math
 import threading
 import time
@@ -155,7 +161,7 @@ RESERVE_SHARE = 0.1  # of the time limit, kept for reading the plan (packing, br
 EXTEND_SHARE = 0.2  # of the time limit, at least, left for another round of the proof
 # Of what is left for a proof's MILP, what HiGHS is told it may take: it reads the clock between
 # the phases of its search, and one phase can take a few tenths of a second on 500 architectures.
-# (The plan's MILP gets all of its share: without an incumbent, the plan is the LP's rounding.)
+# (So is the plan's MILP: it has the best rounding, so one abandoned is a plan the worse, no more.)
 HIGHS_SHARE = 0.6
 PROOF_COST = 4.0  # a proof round's model and LP, over the first model's and LP's time
 FALLBACK_SHARE = 0.15  # of the time limit, at most, for the greedy's improvement passes
@@ -231,6 +237,9 @@ class _Model:
     l_cols: dict[int, int]  # group index -> column of l[g] (fraction of its need)
     u_cols: dict[int, int]  # group index -> column of u[g] (fraction of its need)
     stand_in_cols: dict[int, int]  # column -> component it stands in for
+    m_cols: dict[int, int]  # component -> column of m[c], the switch of its block
+    block_cols: dict[int, list[int]]  # component -> its block's n, z and l columns
+    s_cols: dict[int, int]  # variant index -> column of s[v] (instances loaded past those running)
     capacity_rows: dict[tuple[int, str], int]  # (pool index, resource) -> row
     packing_rows: dict[tuple[int, str, int], int]  # (pool index, resource, k) -> row
     choice_rows: dict[int, int]  # component -> row of Σ patterns (+ m or stand-ins) = 1
@@ -408,6 +417,8 @@ def _build(
     y_cols: dict[tuple[int, int], int] = {}
     l_cols: dict[int, int] = {}
     u_cols: dict[int, int] = {}
+    block_cols: dict[int, list[int]] = {}
+    s_cols: dict[int, int] = {}
     group_index = {g.id: gi for gi, g in enumerate(groups)}
     need_of = {g.id: need for g, need in zip(groups, needs, strict=True)}
     for position, ci in enumerate(sorted(blocks)):
@@ -423,6 +434,7 @@ def _build(
             load_cost = problem.load_cost(variant) / scale
             fresh_cost = load_cost if variant.running == 0 else 0.0
             n_cols[vi] = col = b.column(fresh_cost, 0.0, bound, True)
+            block_cols.setdefault(ci, []).append(col)
             use(col, variant)
             if switch is not None:
                 b.row([(col, 1.0), (switch, -bound)], -math.inf, 0.0)
@@ -430,13 +442,14 @@ def _build(
             if per_worker < problem.fluid_per_worker(variant) - 1e-9:
                 b.row([(col, 1.0), (w_cols[pi], -float(per_worker))], -math.inf, 0.0)
             if variant.running > 0 and load_cost > 0:
-                s_col = b.column(load_cost, 0.0, bound, False)
+                s_cols[vi] = s_col = b.column(load_cost, 0.0, bound, False)
                 b.row([(col, 1.0), (s_col, -1.0)], -math.inf, float(variant.running))
             share: list[tuple[int, float]] = []
             for group_id, q in variant.saturation_qps.items():
                 gi = group_index[group_id]
                 if q > 0 and needs[gi] > EPS:
                     y_cols[(vi, gi)] = y = b.column(0.0, 0.0, 1.0, False)
+                    block_cols[ci].append(y)
                     share.append((y, needs[gi] / q))
                     serving[gi].append((vi, y, q))
                     if needs[gi] < q:  # linking
@@ -447,6 +460,7 @@ def _build(
             entries = [(y, 1.0) for _, y, _ in serving[gi]]
             if price is not None:
                 l_cols[gi] = b.column(price * needs[gi] / scale, 0.0, 1.0, False)
+                block_cols.setdefault(ci, []).append(l_cols[gi])
                 if lambda_row is not None:
                     b.add(lambda_row, l_cols[gi], needs[gi] * seconds[gi])
                 entries.append((l_cols[gi], 1.0))
@@ -492,6 +506,9 @@ def _build(
         l_cols=l_cols,
         u_cols=u_cols,
         stand_in_cols=stand_in_cols,
+        m_cols=m_cols,
+        block_cols=block_cols,
+        s_cols=s_cols,
         capacity_rows=capacity_rows,
         packing_rows=packing_rows,
         choice_rows=choice_rows,
@@ -592,6 +609,18 @@ def _milp(
 # and the thread ends when HiGHS does (its answer unread). The grace is kept back from every
 # deadline (``deadline.STOP_SLACK_S``), so that an abandoned call still ends the solve in time.
 HIGHS_GRACE_S = STOP_SLACK_S
+# An abandoned call still runs HiGHS: the process waits for it at exit (up to this long), since a
+# daemon thread still inside HiGHS when Python finalises aborts the process ("terminate called
+# without an active exception", exit 134) where a one-shot CLI or benchmark ends right after one.
+ABANDONED_WAIT_S = 60.0
+_abandoned: set[threading.Thread] = set()
+
+
+@atexit.register
+def _wait_for_abandoned_calls() -> None:
+    deadline = time.monotonic() + ABANDONED_WAIT_S
+    for thread in list(_abandoned):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _highs_within(time_limit_s: float, call: Callable[[], Any]) -> Any:
@@ -608,6 +637,8 @@ def _highs_within(time_limit_s: float, call: Callable[[], Any]) -> Any:
     worker.start()
     worker.join(max(time_limit_s, 0.01) + HIGHS_GRACE_S)
     if worker.is_alive():
+        _abandoned.add(worker)
+        _abandoned.difference_update([thread for thread in _abandoned if not thread.is_alive()])
         raise OutOfTime
     if failure:
         raise failure[0]
@@ -675,30 +706,60 @@ def _lp_duals(model: _Model, time_limit_s: float) -> _Duals | None:
 
 
 def _rounded(problem: ScalingProblem, model: _Model, lp_x: Vector) -> Vector | None:
-    """A plan from the LP's solution: each component's likeliest pattern, and the workers that
-    hold them (in aggregate: the plan's packing is checked later). None where a component has
-    a block (nothing to round there simply) or a pool would go over its limit. A safety net
-    for a MILP stopped early with a poor incumbent."""
-    if model.blocks:
-        return None
+    """A plan from the LP's solution: each component's likeliest choice (a pattern, or its block),
+    and the workers that hold them (in aggregate: the plan's packing is checked later). None
+    where it breaks a row (a pool over its limit, Lambda over its concurrency, ...). The first
+    plan of the anytime solve, and a safety net for a MILP stopped early with a poor incumbent.
+
+    A chosen block takes the LP's solution divided by its switch ``m[c]`` (the block as if fully
+    on), instances rounded up: every row of the block still holds (its rows are homogeneous in
+    ``m``, and more instances only loosen them; fractions of a need are capped at the whole)."""
     x = np.zeros_like(model.c)
     best: dict[int, tuple[float, int]] = {}
-    for col, pattern in model.pattern_cols.items():
-        if pattern.component not in best or lp_x[col] > best[pattern.component][0]:
-            best[pattern.component] = (float(lp_x[col]), col)
+    choices = [*((col, pattern.component) for col, pattern in model.pattern_cols.items())]
+    choices += [(col, ci) for ci, col in model.m_cols.items()]
+    for col, ci in choices:
+        if ci not in best or lp_x[col] > best[ci][0]:
+            best[ci] = (float(lp_x[col]), col)
     for _, col in best.values():
         x[col] = 1.0
-    usage = model.matrix @ x  # capacity rows: Σ usage (w still 0)
+    for ci in model.blocks:
+        switch = model.m_cols.get(ci)
+        on = 1.0 if switch is None else float(lp_x[switch])
+        if switch is not None and (best[ci][1] != switch or on <= EPS):
+            continue  # a pattern serves it: the block stays off
+        # The block's columns (instances, fractions of needs, Lambda's), as if m were 1.
+        for col in model.block_cols.get(ci, ()):
+            value = max(float(lp_x[col]), 0.0) / on
+            whole = bool(model.integrality[col])
+            x[col] = math.ceil(value - 1e-9) if whole else min(value, float(model.upper[col]))
+    return _with_workers(problem, model, x)
+
+
+def _with_workers(problem: ScalingProblem, model: _Model, x: Vector) -> Vector | None:
+    """``x`` (its choices and instances set) with the fewest workers every row allows, its load
+    columns set where they are free; None where a row then breaks."""
+    matrix = model.matrix
+    for vi, col in model.n_cols.items():  # instances loaded afresh, past those running
+        s_col = model.s_cols.get(vi)
+        if s_col is not None:
+            x[s_col] = max(0.0, x[col] - problem.variants[vi].running)
+    x[list(model.w_cols.values())] = 0.0
+    usage = matrix @ x
     for pi, col in model.w_cols.items():
-        rows = [row for (p, _), row in model.capacity_rows.items() if p == pi]
-        rows += [row for (p, _, _), row in model.packing_rows.items() if p == pi]
-        need = max([problem.pools[pi].min_workers, *(math.ceil(usage[row] - 1e-9) for row in rows)])
+        entries = matrix[:, [col]].tocoo()
+        need = float(problem.pools[pi].min_workers)
+        for row, coefficient in zip(entries.row, entries.data, strict=True):
+            if coefficient < 0 and np.isfinite(model.row_upper[row]):
+                need = max(need, math.ceil((usage[row] - model.row_upper[row]) / -coefficient - 1e-9))
         if need > model.upper[col]:
             return None
         x[col] = need
-    rows = model.matrix @ x
-    if np.any(rows < model.row_lower - 1e-9) or np.any(rows > model.row_upper + 1e-9):
+    rows = matrix @ x
+    if np.any(rows < model.row_lower - 1e-7) or np.any(rows > model.row_upper + 1e-7):
         return None  # e.g. two copies of a variant that one worker cannot hold
+    if np.any(x < model.lower - 1e-9) or np.any(x > model.upper + 1e-9):
+        return None
     return x
 
 
@@ -831,6 +892,20 @@ class _Incumbent:
     x: Vector | None = None
     lower: float = -math.inf  # scaled units
 
+    def offer(self, model: _Model, x: Vector) -> None:
+        """Keep ``x`` where it is cheaper than the plan kept (every model has the same scale)."""
+        if self.model is None or self.x is None or float(model.c @ x) < float(self.model.c @ self.x):
+            self.model, self.x = model, x
+
+
+def _offer_rounding(
+    problem: ScalingProblem, model: _Model, duals: _Duals | None, incumbent: _Incumbent
+) -> None:
+    if duals is not None:
+        rounded = _rounded(problem, model, duals.x)
+        if rounded is not None:
+            incumbent.offer(model, rounded)
+
 
 def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPlan:
     """The cheapest plan (DESIGN §5). Never raises on an infeasible problem: it returns the plan
@@ -889,6 +964,8 @@ def _solve(
     # What a proof round costs at least: its model (several times this one) and its LP.
     round_cost = PROOF_COST * (time.perf_counter() - modelled)
     lower = -math.inf
+    # Anytime: every LP's rounding is a plan, should the deadline come before a better one.
+    _offer_rounding(problem, model, duals, incumbent)
     while duals is not None:
         reduced = _block_bounds(problem, components, model, duals, hard)
         lower = max(lower, _lagrangian_bound(problem, components, duals, reduced, hard))
@@ -899,27 +976,20 @@ def _solve(
         forced = forced | _grow(problem, components, paying, deadline=hard)
         model = _build(problem, components, usable, forced, patterns=True, deadline=hard, packing=packing)
         duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
+        _offer_rounding(problem, model, duals, incumbent)
 
-    # Anytime: the LP's rounding is the first plan, should the deadline come during the MILP.
-    early = None if duals is None else _rounded(problem, model, duals.x)
-    if early is not None:
-        incumbent.model, incumbent.x = model, early
-
-    # 2. The plan: patterns, and blocks where a component has no pattern. With the rounding as
-    #    the plan to beat, reduced-cost fixing: a column whose LP reduced cost exceeds the
+    # 2. The plan: patterns, and blocks where a component has no pattern. With the best rounding
+    #    as the plan to beat, reduced-cost fixing: a column whose LP reduced cost exceeds the
     #    rounding's objective less the LP's bound is in no solution cheaper than the rounding,
     #    so it is fixed at 0, and HiGHS looks only for cheaper solutions (the rounding's
     #    objective as its cutoff); finding none proves the rounding optimal for this model.
-    if early is not None and duals is not None:
-        upper_bound = float(model.c @ early)
+    if incumbent.model is not None and incumbent.x is not None and duals is not None:
+        upper_bound = float(incumbent.model.c @ incumbent.x)
         fixed = _fixed_by_reduced_cost(model, duals, upper_bound)
-        first = _attempt(
-            model, min(left(), PLAN_SHARE * time_limit_s), fixed, upper_bound * (1 + CUTOFF_SLACK)
-        )
-        if first.x is None and first.status == _OPTIMAL:  # nothing cheaper than the rounding
-            first = _Attempt(_OPTIMAL, early, upper_bound, upper_bound, first.message)
-        elif first.x is None:  # stopped before finding one: the rounding is the plan
-            first = _Attempt(_LIMIT, early, upper_bound, first.dual_bound, first.message)
+        share = HIGHS_SHARE * min(left(), PLAN_SHARE * time_limit_s)
+        first = _attempt(model, share, fixed, upper_bound * (1 + CUTOFF_SLACK))
+        if first.x is None:  # nothing cheaper than the rounding (_OPTIMAL), or stopped before one
+            first = replace(first, value=upper_bound)
     else:
         first = _attempt(model, min(left(), PLAN_SHARE * time_limit_s))
     if first.status == _INFEASIBLE:
@@ -927,15 +997,14 @@ def _solve(
         if _failing_pools(problem, partial):
             partial = _packed_optimum(problem, components, usable, started, deadline, time_limit_s, partial)
         return partial
-    rounded = None if duals is None or first.status == _OPTIMAL else _rounded(problem, model, duals.x)
-    if rounded is not None and (first.value is None or float(model.c @ rounded) < first.value):
-        first = _Attempt(first.status, rounded, float(model.c @ rounded), None, first.message)
-    if first.x is None or first.value is None:
+    if first.x is not None:
+        incumbent.offer(model, first.x)
+    if incumbent.model is None or incumbent.x is None:
         why = f"time limit of {time_limit_s:g} s reached" if first.status == _LIMIT else first.message
         bound = None if lower == -math.inf else lower * model.scale
         return _fallback(problem, started, deadline, time_limit_s, bound, why)
-    best_model, best_x, best_value = model, first.x, first.value
-    incumbent.model, incumbent.x = model, first.x
+    best_model, best_x = incumbent.model, incumbent.x
+    best_value = float(best_model.c @ best_x)
 
     # 3. The proof, while time is left: stand-ins for the blocks, true blocks where picked.
     blocks = forced
