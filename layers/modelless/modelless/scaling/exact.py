@@ -763,54 +763,122 @@ def _with_workers(problem: ScalingProblem, model: _Model, x: Vector) -> Vector |
     return x
 
 
-def _block_bounds(
+@dataclass(frozen=True)
+class _BlockPricing:
+    """What ``_block_bounds`` reads of the problem, as arrays, once per solve (the components'
+    variants and groups do not change between its rounds; their patterns do)."""
+
+    capacity_keys: list[tuple[int, str]]  # (pool index, resource): the columns of ``share``
+    share: Any  # sparse (variant position x capacity key): an instance's share of a worker
+    fresh_cost: Vector  # per variant position: its load cost where none runs (unscaled)
+    variant_component: np.ndarray[Any, np.dtype[np.int64]]  # per variant position
+    pair_variant: np.ndarray[Any, np.dtype[np.int64]]  # per (variant, group) it serves: the variant
+    pair_group: np.ndarray[Any, np.dtype[np.int64]]  # ... its group's position
+    pair_rate: Vector  # ... its saturation rate
+    group_component: np.ndarray[Any, np.dtype[np.int64]]  # per group position
+    group_need: Vector
+    group_lambda: Vector  # per group position: Lambda's price per query, inf where it may not
+
+
+def _block_pricing(
     problem: ScalingProblem,
     components: Sequence[Component],
-    model: _Model,
-    duals: _Duals,
+    capacity_keys: Sequence[tuple[int, str]],
     deadline: Deadline | None = None,
-) -> dict[int, float]:
-    """rho[c] for each component without a block: a lower bound on the reduced cost of any way of
-    serving it with two or more instances (module docstring), scaled units."""
+) -> _BlockPricing:
     pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
-    reduced: dict[int, float] = {}
+    key_column = {key: k for k, key in enumerate(capacity_keys)}
+    share_rows: list[int] = []
+    share_cols: list[int] = []
+    share_vals: list[float] = []
+    fresh: list[float] = []
+    variant_component: list[int] = []
+    pair_variant: list[int] = []
+    pair_group: list[int] = []
+    pair_rate: list[float] = []
+    group_component: list[int] = []
+    group_need: list[float] = []
+    group_lambda: list[float] = []
     for ci, component in enumerate(components):
         if deadline is not None and ci % CHECK_EVERY == 0:
             deadline.check()
-        if ci in model.blocks or ci not in duals.choice:
-            continue
-        price: dict[int, float] = {}  # variant -> an instance's price at the duals' prices
+        position_of = {}
+        for gi in component.groups:
+            group = problem.groups[gi]
+            position_of[group.id] = len(group_component)
+            group_component.append(ci)
+            group_need.append(problem.need(group))
+            price = problem.lambda_price(group)
+            group_lambda.append(math.inf if price is None else price)
         for vi in component.variants:
             variant = problem.variants[vi]
             pi = pool_index[variant.pool]
-            price[vi] = sum(
-                duals.capacity.get((pi, r), 0.0) * amount / problem.pools[pi].capacity[r]
-                for r, amount in variant.demand.items()
-                if amount > 0
-            )
-            if variant.running == 0:
-                price[vi] += problem.load_cost(variant) / model.scale
-        # Two instances at least; and each group's need, served at its cheapest rate (an
-        # instance's time is paid once, whichever groups share it), or left to Lambda.
-        covering = unavoidable = 0.0
-        for gi in component.groups:
-            group = problem.groups[gi]
-            need = problem.need(group)
-            lambda_price = problem.lambda_price(group)
-            rates = [
-                price[vi] / q
-                for vi in component.variants
-                if (q := problem.variants[vi].saturation_qps.get(group.id, 0.0)) > 0
-            ]
-            if not rates:
-                unavoidable += (lambda_price or 0.0) * need / model.scale
-            if lambda_price is not None:
-                rates.append(lambda_price / model.scale)
-            covering += need * min(rates)
-        more = component.most + 1  # instances a plan beyond the patterns holds, at least
-        least = max(more * min(price.values(), default=0.0) + unavoidable, covering)
-        reduced[ci] = least - duals.choice[ci]
-    return reduced
+            position = len(variant_component)
+            variant_component.append(ci)
+            fresh.append(problem.load_cost(variant) if variant.running == 0 else 0.0)
+            for resource, amount in variant.demand.items():
+                column = key_column.get((pi, resource))
+                if amount > 0 and column is not None:
+                    share_rows.append(position)
+                    share_cols.append(column)
+                    share_vals.append(amount / problem.pools[pi].capacity[resource])
+            for group_id, q in variant.saturation_qps.items():
+                if q > 0 and group_id in position_of:
+                    pair_variant.append(position)
+                    pair_group.append(position_of[group_id])
+                    pair_rate.append(q)
+    share = coo_array(
+        (share_vals, (share_rows, share_cols)), shape=(len(variant_component), len(capacity_keys))
+    ).tocsr()
+    return _BlockPricing(
+        capacity_keys=list(capacity_keys),
+        share=share,
+        fresh_cost=np.asarray(fresh, dtype=np.float64),
+        variant_component=np.asarray(variant_component, dtype=np.int64),
+        pair_variant=np.asarray(pair_variant, dtype=np.int64),
+        pair_group=np.asarray(pair_group, dtype=np.int64),
+        pair_rate=np.asarray(pair_rate, dtype=np.float64),
+        group_component=np.asarray(group_component, dtype=np.int64),
+        group_need=np.asarray(group_need, dtype=np.float64),
+        group_lambda=np.asarray(group_lambda, dtype=np.float64),
+    )
+
+
+def _block_bounds(
+    pricing: _BlockPricing, components: Sequence[Component], model: _Model, duals: _Duals
+) -> dict[int, float]:
+    """rho[c] for each component without a block: a lower bound on the reduced cost of any way of
+    serving it with more instances than its patterns hold (module docstring), scaled units.
+
+    Those instances at the duals' prices (at least ``most + 1`` of them, at the cheapest
+    variant's price, plus the Lambda money of the groups no variant serves); and each group's
+    need served at its cheapest rate (an instance's time is paid once, whichever groups share
+    it), or left to Lambda; less c's dual."""
+    count = len(components)
+    pi_vector = np.asarray([duals.capacity.get(key, 0.0) for key in pricing.capacity_keys], dtype=np.float64)
+    price = pricing.share @ pi_vector + pricing.fresh_cost / model.scale
+    cheapest = np.full(count, math.inf)
+    np.minimum.at(cheapest, pricing.variant_component, price)
+    cheapest[np.isinf(cheapest)] = 0.0  # no variant: min(..., default=0.0)
+    best_rate = np.full(pricing.group_need.size, math.inf)
+    np.minimum.at(best_rate, pricing.pair_group, price[pricing.pair_variant] / pricing.pair_rate)
+    lambda_rate = pricing.group_lambda / model.scale
+    served = np.isfinite(best_rate)
+    unavoidable_per_group = np.where(
+        served, 0.0, np.where(np.isfinite(lambda_rate), lambda_rate, 0.0) * pricing.group_need
+    )
+    covering_per_group = pricing.group_need * np.minimum(best_rate, lambda_rate)
+    covering = np.zeros(count)
+    np.add.at(covering, pricing.group_component, covering_per_group)
+    unavoidable = np.zeros(count)
+    np.add.at(unavoidable, pricing.group_component, unavoidable_per_group)
+    more = np.asarray([component.most + 1 for component in components], dtype=np.float64)
+    least = np.maximum(more * cheapest + unavoidable, covering)
+    return {
+        ci: float(least[ci]) - duals.choice[ci]
+        for ci in range(count)
+        if ci not in model.blocks and ci in duals.choice
+    }
 
 
 def _lagrangian_bound(
@@ -1002,10 +1070,11 @@ def _solve(
     # What a proof round costs at least: its model (several times this one) and its LP.
     round_cost = PROOF_COST * (time.perf_counter() - modelled)
     lower = -math.inf
+    pricing = _block_pricing(problem, components, list(model.capacity_rows), hard)
     # Anytime: every LP's rounding is a plan, should the deadline come before a better one.
     _offer_rounding(problem, model, duals, incumbent)
     while duals is not None:
-        reduced = _block_bounds(problem, components, model, duals, hard)
+        reduced = _block_bounds(pricing, components, model, duals)
         lower = max(lower, _lagrangian_bound(problem, components, duals, reduced, hard))
         incumbent.lower = lower
         paying = [ci for ci, r in reduced.items() if r < 0]
@@ -1408,7 +1477,8 @@ def _drop(
     served: dict[tuple[str, str], float],
     unmet: dict[str, float],
 ) -> None:
-    """Remove ``count`` instances of ``variant``; what they served goes to Lambda, or is unmet."""
+    """Remove ``count`` instances of ``variant``; what they served goes to Lambda, within its
+    concurrency limit, or is unmet."""
     key = (variant.id, variant.pool)
     before = instances.get(key, 0)
     after = before - count
@@ -1427,8 +1497,17 @@ def _drop(
             served[(v, group_id)] = keep * qps
         else:
             del served[(v, group_id)]
-        target = lambda_qps if problem.lambda_price(groups[group_id]) is not None else unmet
-        target[group_id] = target.get(group_id, 0.0) + moved
+        to_lambda = 0.0
+        if problem.lambda_price(groups[group_id]) is not None:
+            to_lambda = moved
+            seconds = groups[group_id].lambda_seconds_per_query
+            if problem.lambda_concurrency is not None and seconds > 0:
+                room = problem.lambda_concurrency - problem.lambda_concurrency_used(lambda_qps)
+                to_lambda = min(moved, max(0.0, room) / seconds)
+        if to_lambda > EPS:
+            lambda_qps[group_id] = lambda_qps.get(group_id, 0.0) + to_lambda
+        if moved - to_lambda > EPS:
+            unmet[group_id] = unmet.get(group_id, 0.0) + moved - to_lambda
 
 
 def _fallback(
