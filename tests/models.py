@@ -110,11 +110,13 @@ def wide_model() -> bytes:
 
 
 @cache
-def slow_model(side: int = 256, channels: int = 32, layers: int = 12) -> bytes:
+def slow_model(side: int = 512, channels: int = 32, layers: int = 48) -> bytes:
     """A classifier that is genuinely slow to run and small to store: the digit upsampled to
     ``side`` x ``side`` inside the graph, then ``layers`` 3x3 convolutions of ``channels``
-    channels (~1 GFLOP each at the defaults: hundreds of ms per row on one thread). Its
-    weights are random: for tests of what a slow model does to serving, not of its answers."""
+    channels (~2.4 GFLOP each at the defaults: about 950 ms a row on one thread and 490 ms on
+    two, on the 2-core VM; 256 x 256 and 12 layers took 30 ms on two threads there, and once made
+    a 150 ms target it was meant to miss). Its weights are random: for tests of what a slow model
+    does to serving, not of its answers."""
     rng = np.random.default_rng(0)
     scale = side / 8
     initializers = [

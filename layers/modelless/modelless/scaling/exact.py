@@ -802,7 +802,7 @@ def _block_pricing(
     for ci, component in enumerate(components):
         if deadline is not None and ci % CHECK_EVERY == 0:
             deadline.check()
-        position_of = {}
+        position_of: dict[str, int] = {}  # group id -> its position
         for gi in component.groups:
             group = problem.groups[gi]
             position_of[group.id] = len(group_component)
