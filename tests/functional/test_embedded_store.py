@@ -58,7 +58,7 @@ def test_auto_runs_its_own_redis_with_an_append_only_file_in_the_state_dir(
     client.close()
     assert config == {
         "appendonly": "yes",
-        "appendfsync": "everysec",
+        "appendfsync": "always",
         "dir": str((state_dir / "redis").resolve()),
     }
     store, epoch = open_checked_store(url, server, state_dir)
