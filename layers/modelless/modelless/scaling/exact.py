@@ -31,8 +31,8 @@ may need more. The solver stays exact by proving that the rest cannot do better:
    Where ``rho[c] < 0`` (another instance may pay), c gets its patterns of one instance more,
    and the LP is solved again, until no ``rho`` is negative (or half the time is gone). Then
    ``LB = (the LP's Lagrangian bound) + Σ_c min(0, rho[c])`` bounds every plan from below.
-2. *The plan.* The pattern MILP, with the time left, told the best rounding of step 1's LPs as
-   the plan to beat (each LP's solution rounded, blocks included: below).
+2. *The plan.* The pattern MILP, with the time left, and the best rounding of step 1's LPs as
+   the plan to beat (each LP's solution rounded, blocks included: below); the cheaper wins.
 3. *The proof.* The same MILP with *stand-ins*: for each component, a few columns that relax
    every way to serve it with more instances than its patterns hold (per set of pools: the least
    resources and load cost such a way can use, the Lambda it cannot avoid; no fewer instances
@@ -716,7 +716,7 @@ def _rounded(problem: ScalingProblem, model: _Model, lp_x: Vector) -> Vector | N
     ``m``, and more instances only loosen them; fractions of a need are capped at the whole)."""
     x = np.zeros_like(model.c)
     best: dict[int, tuple[float, int]] = {}
-    choices = [*((col, pattern.component) for col, pattern in model.pattern_cols.items())]
+    choices = [(col, pattern.component) for col, pattern in model.pattern_cols.items()]
     choices += [(col, ci) for ci, col in model.m_cols.items()]
     for col, ci in choices:
         if ci not in best or lp_x[col] > best[ci][0]:
