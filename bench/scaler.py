@@ -362,14 +362,13 @@ def _headlines(report: dict[str, Any]) -> list[str]:
         runs = size["runs"]
         proven = sum(r["limited"]["status"] == "optimal" for r in runs)
         to_proof = sum(r["exact"]["status"] == "optimal" for r in runs)
-        limited_gaps = [r["limited"]["certified_gap_pct"] for r in runs]
-        largest = None if None in limited_gaps else max(limited_gaps)
+        uncertified = sum(r["limited"]["certified_gap_pct"] is None for r in runs)
         found.append(
             f"variant-mix program, {size['architectures']} architectures: proven optimal in "
             f"{_spread([r['exact']['seconds'] for r in runs], digits=2)} s ({to_proof}/{len(runs)} "
             f"proven within {report['time_limit_s']:g} s); within the scaler's {limit:g} s limit "
-            f"{proven}/{len(runs)} proven, largest certified gap {_fmt(largest)} %"
-            + ("" if largest is not None else " (a plan without a certified gap in some: the greedy's)")
+            f"{proven}/{len(runs)} proven, largest certified gap {_fmt(_largest_gap(runs))} %"
+            + (f" ({uncertified} without a certified gap: the greedy's plan)" if uncertified else "")
         )
     gap = report["greedy_gap"]
     found.append(

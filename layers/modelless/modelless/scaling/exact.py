@@ -1154,7 +1154,7 @@ def _solve(
         picked = _stand_ins_used(relaxed, result.x)
         if not picked and result.value < best_value:
             best_model, best_x, best_value = relaxed, result.x, result.value
-            incumbent.model, incumbent.x = relaxed, result.x
+            incumbent.offer(relaxed, result.x)
         if result.status != _OPTIMAL:
             break
         if not picked:
