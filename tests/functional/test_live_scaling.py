@@ -116,25 +116,61 @@ class Neighbours:
     """Busy processes on one of this machine's cores, beside a worker pinned to that core: noisy
     neighbours whatever the machine's size. They run at a higher priority where allowed (root,
     as in CI), so the scheduler's favour for a waking process cannot hide them from a worker
-    that sleeps between light requests."""
+    that sleeps between light requests.
+
+    The worker is pinned thread by thread (affinity is per thread on Linux), and a thread it
+    starts while the pin is being applied (its batcher's, a connection's) can start from one
+    not pinned yet and escape to a free core, where it runs unslowed: the pin is applied again
+    every ``REPIN_S`` until the neighbours leave, so no thread stays out for long."""
 
     PER_CORE = 4
     NICE = -10
+    REPIN_S = 0.2
 
     def __init__(self) -> None:
         self._processes: list[subprocess.Popen[bytes]] = []
         self._worker: tuple[int, set[int]] | None = None  # its pid and the cores it had
+        self._core: set[int] = set()
+        self._stopping = threading.Event()
+        self._keeper: threading.Thread | None = None
 
     def start_beside(self, pid: int) -> None:
         cores = os.sched_getaffinity(pid)
         self._worker = (pid, cores)
-        core = {min(cores)}
-        self._set_worker_cores(pid, core)
+        self._core = {min(cores)}
+        self._set_worker_cores(pid, self._core)
         spin = f"import time\nend = time.time() + {scaled(LOAD_LIMIT_S)}\nwhile time.time() < end: pass"
         self._processes += [
-            subprocess.Popen([sys.executable, "-c", spin], preexec_fn=lambda: self._pin_and_raise(core))
+            subprocess.Popen([sys.executable, "-c", spin], preexec_fn=lambda: self._pin_and_raise(self._core))
             for _ in range(self.PER_CORE)
         ]
+        self._stopping.clear()
+        self._keeper = threading.Thread(target=self._keep_pinned, args=(pid,), name="repin", daemon=True)
+        self._keeper.start()
+
+    def describe(self) -> str:
+        """Where the worker's threads may run and how the neighbours are placed: what a test
+        that waited in vain for interference shows, so that a failure says whether they met."""
+        if self._worker is None:
+            return "no neighbours started"
+        pid = self._worker[0]
+        threads: dict[str, list[int]] = {}
+        for thread in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                threads[thread.name] = sorted(os.sched_getaffinity(int(thread.name)))
+        neighbours = []
+        for process in self._processes:
+            with contextlib.suppress(OSError):
+                neighbours.append(
+                    f"{process.pid} nice {os.getpriority(os.PRIO_PROCESS, process.pid)} "
+                    f"cores {sorted(os.sched_getaffinity(process.pid))} alive {process.poll() is None}"
+                )
+        return f"worker {pid} threads' cores {threads}; neighbours: {neighbours}"
+
+    def _keep_pinned(self, pid: int) -> None:
+        while not self._stopping.wait(self.REPIN_S):
+            with contextlib.suppress(FileNotFoundError):  # the worker has ended
+                self._set_worker_cores(pid, self._core)
 
     def _pin_and_raise(self, core: set[int]) -> None:
         os.sched_setaffinity(0, core)
@@ -143,6 +179,10 @@ class Neighbours:
             os.setpriority(os.PRIO_PROCESS, 0, self.NICE)
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._keeper is not None:
+            self._keeper.join()  # before the worker's cores are given back, never after
+            self._keeper = None
         for process in self._processes:
             process.kill()
             process.wait()
@@ -245,12 +285,17 @@ def test_noisy_neighbours_make_an_instance_interfered_and_it_recovers_when_they_
     load = Load(1, light, pause_s=0.02)  # light: far from saturating the instance
     try:
         neighbours.start_beside(one_slot_pool.workers()[worker.worker_id].process.pid)
-        wait_for(
-            state_of,
-            STATE_WITHIN_S,
-            f"the instance to report Interfered next to busy neighbours (profiled p99 {measured_p99:.2f} ms)",
-            until=lambda state: state is InstanceState.INTERFERED,
-        )
+        try:
+            wait_for(
+                state_of,
+                STATE_WITHIN_S,
+                f"the instance to report Interfered next to busy neighbours (profiled p99 {measured_p99:.2f} ms)",
+                until=lambda state: state is InstanceState.INTERFERED,
+            )
+        except AssertionError as error:  # what the worker measured, and whether the neighbours met it
+            raise AssertionError(
+                f"{error}; last report: {reported(redis_store, worker.worker_id)}; {neighbours.describe()}"
+            ) from error
         neighbours.stop()
         wait_for(
             state_of,
