@@ -289,7 +289,8 @@ def test_noisy_neighbours_make_an_instance_interfered_and_it_recovers_when_they_
             wait_for(
                 state_of,
                 STATE_WITHIN_S,
-                f"the instance to report Interfered next to busy neighbours (profiled p99 {measured_p99:.2f} ms)",
+                "the instance to report Interfered next to busy neighbours "
+                f"(profiled p99 {measured_p99:.2f} ms)",
                 until=lambda state: state is InstanceState.INTERFERED,
             )
         except AssertionError as error:  # what the worker measured, and whether the neighbours met it
