@@ -4,6 +4,8 @@ best plan found, or the holding plan where none was."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -13,9 +15,11 @@ from modelless.scaling import (
     ScalingPool,
     ScalingProblem,
     ScalingVariant,
+    exact,
+    patterns,
     violations,
 )
-from modelless.scaling.deadline import Deadline, OutOfTime, holding_plan
+from modelless.scaling.deadline import STOP_SLACK_S, Deadline, OutOfTime, holding_plan, holding_reserve_s
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.greedy import solve_greedy
 from modelless.scaling.problem import VCPU
@@ -96,4 +100,43 @@ def test_the_holding_plan_reads_only_what_runs_and_says_why_load_is_unmet() -> N
         "before new ones could be planned" in plan.unmet["a"]
         and "Lambda fallback is disabled" in plan.unmet["a"]
     )
+    assert violations(problem, plan) == []
+
+
+def test_the_exact_search_keeps_back_the_time_to_read_its_plan_measured_on_its_own_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading the best plan (its packing, its bridge) comes after the search stops: the search
+    stops that much earlier, a share of the call's own scan of the variants, so that a slower
+    machine keeps back more. A machine several times slower is played by running the scan that
+    many times (real work); what the search is given is read off the deadline its next step gets."""
+    slowdown = 8
+    scans: list[float] = []
+    search_deadlines: list[Deadline | None] = []
+    real_scan, real_components = patterns.usable_variants, patterns.components_of  # as exact.py imports them
+
+    def slow_scan(problem: ScalingProblem, deadline: Deadline | None = None) -> list[int]:
+        began = time.perf_counter()
+        for _ in range(slowdown):
+            usable = real_scan(problem, deadline)
+        scans.append(time.perf_counter() - began)
+        return usable
+
+    def components(problem: ScalingProblem, usable: Sequence[int], deadline: Deadline | None = None) -> Any:
+        search_deadlines.append(deadline)
+        return real_components(problem, usable, deadline)
+
+    monkeypatch.setattr(exact, "usable_variants", slow_scan)
+    monkeypatch.setattr(exact, "components_of", components)
+    problem = make_problem(50, seed=3)
+    limit = 30.0  # far off: what is kept back is read off the deadline, not off the clock
+    started = time.perf_counter()
+    plan = solve_exact(problem, limit)
+
+    [scan_s] = scans
+    [search] = search_deadlines
+    assert search is not None
+    kept_back = started + limit - search.at  # at most what the solver keeps (its clock starts later)
+    assert kept_back >= STOP_SLACK_S + exact.FINISH_PER_SCAN * scan_s - 0.01
+    assert kept_back >= holding_reserve_s(problem) - 0.01  # the holding plan's time is kept too
     assert violations(problem, plan) == []

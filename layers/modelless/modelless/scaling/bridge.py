@@ -79,9 +79,9 @@ def split_now(problem: ScalingProblem) -> dict[tuple[str, str], float]:
     columns: list[tuple[int, str, float]] = []  # (variant row, group, Q)
     owners: list[str] = []  # the variant id of each column
     limits: list[float] = []
-    for variant in problem.variants:
+    for variant in problem.running_variants:  # one scan of the variants, kept by the problem
         pairs = [(g, q) for g, q in variant.saturation_qps.items() if q > 0 and needs.get(g, 0.0) > EPS]
-        if variant.running <= 0 or not pairs:
+        if not pairs:
             continue
         row = len(limits)
         limits.append(float(variant.running))
@@ -125,7 +125,7 @@ def start_up_bridge(
     """The bridge of a plan given by its parts (see the module docstring)."""
     now = capacity_now(problem)
     pools = {pool.name: pool for pool in problem.pools}
-    by_id = {variant.id: variant for variant in problem.variants}
+    by_id = problem.variant_by_id
     delay: dict[str, float] = {}  # group -> longest delay of the new instances serving it
     for (variant_id, group_id), qps in served.items():
         variant = by_id[variant_id]

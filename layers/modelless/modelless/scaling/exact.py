@@ -99,7 +99,10 @@ likeliest choice; a chosen block as if fully on, its instances rounded up; the f
 that hold them), so a plan exists from the first LP on; the cheapest is the plan to beat, and
 with it *reduced-cost fixing*: an integer column whose LP reduced cost exceeds the best plan's
 objective less the LP's bound is in no cheaper plan, so it is fixed at 0, in the plan's MILP and
-in every proof round. Past the deadline the call returns the best plan found so far, with the
+in every proof round. The search stops early enough for its best plan to be read (packed, its
+bridge priced) by the deadline: that reading's time is kept back as a share of the call's own
+scan of the variants (``FINISH_PER_SCAN``), so that a slower or busier machine keeps back more.
+Past the deadline the call returns the best plan found so far, with the
 bound proven by then; where there is none yet, the greedy's (under the same deadline), or the
 holding plan (what runs now stays, Lambda takes the rest). Before the roundings took blocks, a
 500-architecture call under 1 s ended on the holding plan (its load unmet) in 3 seeded problems
@@ -158,6 +161,12 @@ LP_SHARE = 0.25  # of the time limit, at most, for each of step 1's LPs
 MOST_INSTANCES = 4  # patterns hold up to this many instances; blocks and stand-ins, more
 PLAN_SHARE = 0.6  # of the time limit, at most, for step 2 (the plan)
 RESERVE_SHARE = 0.1  # of the time limit, kept for reading the plan (packing, bridge)
+# Reading the best plan into a ScalingPlan (its packing, its bridge) comes after the search has
+# stopped, at the deadline: the search stops this long before it, measured as a share of the
+# time the scan of the variants took in the same call, so that a slower or busier machine keeps
+# back more. On 500 architectures the reading took 0.15-0.3 of the scan (two machines, one
+# about 4 times slower than the other); under a fixed reserve, 1 s calls took up to 1.15 s.
+FINISH_PER_SCAN = 0.4
 EXTEND_SHARE = 0.2  # of the time limit, at least, left for another round of the proof
 # Of what is left for a proof's MILP, what HiGHS is told it may take: it reads the clock between
 # the phases of its search, and one phase can take a few tenths of a second on 500 architectures.
@@ -967,15 +976,18 @@ class _Incumbent:
 
 
 def _offer_rounding(
-    problem: ScalingProblem, model: _Model, duals: _Duals | None, incumbent: _Incumbent
+    problem: ScalingProblem, model: _Model, duals: _Duals | None, incumbent: _Incumbent, deadline: Deadline
 ) -> None:
     if duals is not None:
         rounded = _rounded(problem, model, duals.x)
         if rounded is not None:
-            incumbent.offer(model, _filled(model, rounded))
+            incumbent.offer(model, _filled(model, rounded, deadline))
 
 
-def _filled(model: _Model, x: Vector) -> Vector:
+FILL_CHECK_EVERY = 64  # moves between two looks at the clock
+
+
+def _filled(model: _Model, x: Vector, deadline: Deadline | None = None) -> Vector:
     """``x`` with the room its workers leave put to use: a component moves to a cheaper pattern
     (more instances, less Lambda) wherever that breaks no row with the workers ``x`` already
     pays for, the largest saving first. A rounding pays for whole workers its LP used only part
@@ -994,7 +1006,9 @@ def _filled(model: _Model, x: Vector) -> Vector:
         for col, pattern in model.pattern_cols.items()
         if pattern.component in chosen and model.c[col] < model.c[chosen[pattern.component]] - EPS
     )
-    for _, col, component in moves:
+    for tried, (_, col, component) in enumerate(moves):
+        if deadline is not None and tried % FILL_CHECK_EVERY == 0 and deadline.passed():
+            break  # every move kept the plan valid: it is filled as far as the time allowed
         current = chosen[component]
         if model.c[col] >= model.c[current] - EPS:
             continue  # it has moved to a pattern at least as cheap already
@@ -1055,7 +1069,12 @@ def _solve(
     def left() -> float:
         return _until(deadline, time_limit_s)
 
+    scanning = time.perf_counter()
     usable = usable_variants(problem, hard)
+    # The deadline kept back the holding plan's time; reading a plan may need more.
+    finishing = FINISH_PER_SCAN * (time.perf_counter() - scanning)
+    hard = hard.earlier_by(max(0.0, finishing - (holding_reserve_s(problem) - STOP_SLACK_S)))
+    deadline = hard.at
     components = components_of(problem, usable, hard)
     packing = _useful_packing_rows(problem, usable, hard)  # the same for every model below
     forced = frozenset(ci for ci, component in enumerate(components) if not component.patterns)
@@ -1070,9 +1089,10 @@ def _solve(
     # What a proof round costs at least: its model (several times this one) and its LP.
     round_cost = PROOF_COST * (time.perf_counter() - modelled)
     lower = -math.inf
+    # Anytime: every LP's rounding is a plan, should the deadline come before a better one
+    # (before the pricing that certifies it: a plan without a bound beats none).
+    _offer_rounding(problem, model, duals, incumbent, hard)
     pricing = _block_pricing(problem, components, list(model.capacity_rows), hard)
-    # Anytime: every LP's rounding is a plan, should the deadline come before a better one.
-    _offer_rounding(problem, model, duals, incumbent)
     while duals is not None:
         reduced = _block_bounds(pricing, components, model, duals)
         lower = max(lower, _lagrangian_bound(problem, components, duals, reduced, hard))
@@ -1083,7 +1103,7 @@ def _solve(
         forced = forced | _grow(problem, components, paying, deadline=hard)
         model = _build(problem, components, usable, forced, patterns=True, deadline=hard, packing=packing)
         duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
-        _offer_rounding(problem, model, duals, incumbent)
+        _offer_rounding(problem, model, duals, incumbent, hard)
 
     # 2. The plan: patterns, and blocks where a component has no pattern. With the best rounding
     #    as the plan to beat, reduced-cost fixing: a column whose LP reduced cost exceeds the
@@ -1439,12 +1459,16 @@ def _pack(
     """Check the worker counts against a first-fit packing (module docstring), except in the
     ``exact_pools``, whose packing the model made explicit. An optimal plan whose packing needs
     more workers is optimal no longer: it says so, and becomes feasible."""
-    by_id = {v.id: v for v in problem.variants}
+    by_id = problem.variant_by_id
+    # One entry per instance, per pool: read off the plan, not off every variant of the problem
+    # (first-fit orders its items itself).
+    items_of: dict[str, list[ScalingVariant]] = {}
+    for (variant_id, pool_name), count in instances.items():
+        items_of.setdefault(pool_name, []).extend([by_id[variant_id]] * count)
     for pool in problem.pools:
         if pool.name in exact_pools:
             continue
-        members = (v for v in problem.variants if v.pool == pool.name)
-        items = [v for v in members for _ in range(instances.get((v.id, v.pool), 0))]
+        items = items_of.get(pool.name, [])
         packed = first_fit_workers(pool, items) if items else 0
         if packed is None or packed <= workers[pool.name]:
             continue

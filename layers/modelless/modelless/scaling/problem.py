@@ -152,6 +152,12 @@ class ScalingProblem:
         return [v for v in self.variants if v.running > 0]
 
     @cached_property
+    def variant_by_id(self) -> dict[str, ScalingVariant]:
+        """Variant id -> variant (built once per problem: reading a plan asks for it, and a scan
+        of every variant per read would cost a large problem's deadline its margin)."""
+        return {variant.id: variant for variant in self.variants}
+
+    @cached_property
     def _pools_by_name(self) -> dict[str, ScalingPool]:
         return {pool.name: pool for pool in self.pools}
 
@@ -499,7 +505,7 @@ def plan_costs(
     lambda_qps: Mapping[str, float],
 ) -> tuple[float, float]:
     """(cost per second, objective) of a plan: the one formula both solvers are judged by."""
-    by_id = {variant.id: variant for variant in problem.variants}
+    by_id = problem.variant_by_id
     groups = {group.id: group for group in problem.groups}
     cost = sum(pool.price_per_worker_second * workers.get(pool.name, 0) for pool in problem.pools)
     for group_id, qps in lambda_qps.items():
@@ -573,7 +579,7 @@ def violations(problem: ScalingProblem, plan: ScalingPlan, tolerance: float = 1e
     Load counts as covered when served, left to Lambda, or reported unmet.
     """
     found: list[str] = []
-    by_id = {variant.id: variant for variant in problem.variants}
+    by_id = problem.variant_by_id
     used: dict[str, float] = {}
     covered: dict[str, float] = {}
     for (variant_id, group_id), qps in plan.served.items():
