@@ -164,8 +164,9 @@ RESERVE_SHARE = 0.1  # of the time limit, kept for reading the plan (packing, br
 # Reading the best plan into a ScalingPlan (its packing, its bridge) comes after the search has
 # stopped, at the deadline: the search stops this long before it, measured as a share of the
 # time the scan of the variants took in the same call, so that a slower or busier machine keeps
-# back more. On 500 architectures the reading took 0.15-0.3 of the scan (two machines, one
-# about 4 times slower than the other); under a fixed reserve, 1 s calls took up to 1.15 s.
+# back more. Measured on a 2-core Intel Xeon VM: the reading took 0.17-0.38 of the scan at 50
+# to 500 architectures (its fixed few ms are more at 10, within the deadline's slack); with no
+# reserve for it, 1 s calls at 500 took up to 1.15 s there.
 FINISH_PER_SCAN = 0.4
 EXTEND_SHARE = 0.2  # of the time limit, at least, left for another round of the proof
 # Of what is left for a proof's MILP, what HiGHS is told it may take: it reads the clock between

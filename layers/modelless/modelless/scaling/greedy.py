@@ -111,9 +111,10 @@ class _Pool:
 # than that gives way to the holding plan at once rather than after spending its time.
 GREEDY_S_PER_VARIANT = 2.5e-6
 # What a pass does after its placing, and the bridge after the last pass, over the time its
-# reading of the variants took (measured at 500 and 2,000 architectures on two machines, one
-# about 4 times slower than the other: at most 0.1-0.2 of it; small problems' fixed cost, a few
-# ms, is within the deadline's slack).
+# reading of the variants took: 0.19-0.31 of a first (cold) reading at 100 to 2,000
+# architectures on a 2-core Intel Xeon VM; later passes read faster, and the few ms more they
+# leave (and small problems' fixed few ms) are within the deadline's slack (STOP_SLACK_S, kept
+# for a HiGHS call the greedy does not make).
 FINISH_PER_READ = 0.3
 
 
