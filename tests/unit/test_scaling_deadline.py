@@ -34,6 +34,11 @@ def test_a_deadline_raises_once_past() -> None:
     with pytest.raises(OutOfTime):
         Deadline(time.perf_counter() - 1.0).check()
     assert deadline.earlier_by(10.0).at == pytest.approx(deadline.at - 10.0)
+    # A share of the time since a scan began, less what is kept back already (never later).
+    since = time.perf_counter() - 4.0
+    assert deadline.at - 2.5 <= deadline.keeping_back(0.5, since).at <= deadline.at - 2.0
+    assert deadline.at - 1.5 <= deadline.keeping_back(0.5, since, already_s=1.0).at <= deadline.at - 1.0
+    assert deadline.keeping_back(0.5, since, already_s=100.0).at == deadline.at
 
 
 def test_the_holding_plan_keeps_what_runs_and_gives_the_rest_to_lambda_or_leaves_it_unmet() -> None:

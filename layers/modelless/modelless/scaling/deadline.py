@@ -64,6 +64,13 @@ class Deadline:
     def earlier_by(self, seconds: float) -> Deadline:
         return Deadline(self.at - seconds)
 
+    def keeping_back(self, share: float, since: float, already_s: float = 0.0) -> Deadline:
+        """Earlier by ``share`` of the time since ``since`` (a scan of the problem this call has
+        just made, on this machine, at its load), less the ``already_s`` kept back: what a solver
+        does after its deadline (reading its plan) costs a share of such a scan, so a slower or
+        busier machine keeps back more."""
+        return self.earlier_by(max(0.0, share * (time.perf_counter() - since) - already_s))
+
 
 @contextlib.contextmanager
 def without_gc_pauses() -> Iterator[None]:

@@ -1073,8 +1073,7 @@ def _solve(
     scanning = time.perf_counter()
     usable = usable_variants(problem, hard)
     # The deadline kept back the holding plan's time; reading a plan may need more.
-    finishing = FINISH_PER_SCAN * (time.perf_counter() - scanning)
-    hard = hard.earlier_by(max(0.0, finishing - (holding_reserve_s(problem) - STOP_SLACK_S)))
+    hard = hard.keeping_back(FINISH_PER_SCAN, scanning, holding_reserve_s(problem) - STOP_SLACK_S)
     deadline = hard.at
     components = components_of(problem, usable, hard)
     packing = _useful_packing_rows(problem, usable, hard)  # the same for every model below

@@ -209,7 +209,7 @@ def _greedy_pass(
         # What comes after the placing (the plan read off the counts, its costs, and after the
         # last pass the bridge) reads no clock: it is kept back from the placing, a share of this
         # reading of the variants, so that a slower or busier machine keeps back more.
-        deadline = deadline.earlier_by(FINISH_PER_READ * (time.perf_counter() - reading))
+        deadline = deadline.keeping_back(FINISH_PER_READ, reading)
     served: dict[tuple[str, str], float] = {}
     lambda_qps: dict[str, float] = {}
     unmet_qps: dict[str, float] = {}
