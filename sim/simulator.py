@@ -670,6 +670,26 @@ class Simulation:
         Returns when it is done (None: refused at the concurrency limit)."""
         return self.run_on_lambda(variant, None)
 
+    def keep_lambda_warm(self, variant: VariantProfile, containers: int) -> None:
+        """The warm pool's warm-up invocations (``LambdaWarmPool.keep_warm``): where fewer than
+        ``containers`` containers holding ``variant`` ran within half the keep-warm time, as many
+        invocations at once as the idle ones lack, each on a container of its own (an idle one,
+        which loads the variant where it lacks it, else a new one: a cold start), so that
+        ``containers`` stay warm. Each is billed as the invocation it is."""
+        now = self.now
+        fresh_s = self.config.lambda_keep_warm_s / 2
+        holding = [
+            c
+            for c in self.containers.get(variant.memory_mb or LAMBDA_MB_PER_VCPU, [])
+            if variant.variant_id in c.variants
+        ]
+        if sum(1 for c in holding if now - c.last_used <= fresh_s) >= containers:
+            return
+        busy = sum(1 for c in holding if c.busy_until > now)
+        for _ in range(containers - busy):
+            if self.run_on_lambda(variant, None) is None:
+                return  # at the concurrency limit
+
     def _reap_containers(self) -> None:
         keep_s = self.config.lambda_keep_warm_s
         for memory, containers in list(self.containers.items()):
@@ -924,6 +944,17 @@ class SimStore(InMemoryMetadataStore):
         return [s for s in states if pool is None or s.pool == pool]
 
 
+class SimWarmPool:
+    """The scaler's Lambda warm pool inside a simulation (``Simulation.keep_lambda_warm``)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self._sim = sim
+
+    def keep_warm(self, containers: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
+        for variant_id, count in containers.items():
+            self._sim.keep_lambda_warm(profiles[variant_id], count)
+
+
 class SimProvider:
     """The pool provider inside a simulation: workers start after the start-up time and leave
     after draining; a plan's instances are placed as ``InstancePlacer.place`` places them (the
@@ -1047,8 +1078,12 @@ class Modelless:
         name: str = "modelless",
         initial_workers: Mapping[str, int] | None = None,
         scale_in: str = "aws",
+        keep_lambda_warm: bool = True,
     ) -> None:
+        """``keep_lambda_warm``: the scaler keeps Lambda containers warm for the bursts a cold
+        start would miss (``modelless.scaling.warm_pool``); False: Lambda grows with its load only."""
         self.name = name
+        self._keep_lambda_warm = keep_lambda_warm
         self._scale_in = scale_in
         self._pools = {**DEFAULT_POOLS, **pools}  # the Lambda tier is always there
         self._config = config
@@ -1070,7 +1105,14 @@ class Modelless:
         publish(self._store, [fast(p) for p in repriced(sim.profiles, self._pools)])
         self._profiles = ProfileCache(self._store)
         provider = SimProvider(sim, self._pools, self._scale_in)
-        self._scaler = Scaler(self._store, provider, self._pools, self._config, self._solve)
+        self._scaler = Scaler(
+            self._store,
+            provider,
+            self._pools,
+            self._config,
+            self._solve,
+            warm_pool=SimWarmPool(sim) if self._keep_lambda_warm else None,
+        )
         for pool, count in self._initial.items():
             for _ in range(count):
                 sim.add_worker(self._pools[pool], ready_in_s=0.0)

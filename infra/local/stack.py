@@ -40,6 +40,7 @@ from modelless.pipelines.autopilot import PipelineAutopilot
 from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
+from modelless.pools.warm import InvokingWarmPool
 from modelless.prometheus import record_scaling
 from modelless.scaling.controller import Scaler, ScalerConfig, record_plan
 from modelless.tuning import POLICIES
@@ -108,6 +109,7 @@ class LocalStack:
     scaler: Scaler | None = None
     offline_events: SqsEventPoller | None = None
     metadata_server: EmbeddedRedis | None = None  # the stack's own Redis (``--metadata auto``)
+    warm_pool: InvokingWarmPool | None = None  # the scaler's Lambda warm pool
     _stop: threading.Event = field(default_factory=threading.Event)
     _scaling: threading.Thread | None = None
 
@@ -170,6 +172,8 @@ class LocalStack:
         if self.provider is not None:
             self.provider.close()
         self.pool.close()
+        if self.warm_pool is not None:
+            self.warm_pool.close()
         self.lambda_tier.close()
         self.services.close()
         if self.metadata_server is not None:  # last: everything above may still write to it
@@ -297,6 +301,8 @@ def start_stack(
     )
     os.chmod(state_dir / STATE_FILE, 0o600)
     provider = LocalPoolProvider({CPU_POOL.name: pool}, forget=services.store.remove_worker)
+    # Containers kept warm for the bursts a cold start would miss, within the tier's concurrency.
+    warm_pool = InvokingWarmPool(lambda_tier, services.store, capacity=lambda_tier.concurrency)
     scaler = Scaler(
         services.store,
         provider,
@@ -304,8 +310,18 @@ def start_stack(
         ScalerConfig(window_s=10, min_workers={CPU_POOL.name: 1}, max_workers={CPU_POOL.name: max_workers}),
         # The pipelines' planner and tuner: their stages' demand floors (InferLine in the loop).
         demand_floors=PipelineAutopilot(services.pipelines).floors,
+        warm_pool=warm_pool,
     )
-    stack = LocalStack(services, pool, lambda_tier, url, provider, scaler, metadata_server=metadata_server)
+    stack = LocalStack(
+        services,
+        pool,
+        lambda_tier,
+        url,
+        provider,
+        scaler,
+        metadata_server=metadata_server,
+        warm_pool=warm_pool,
+    )
     pool.scale_to(workers)
     pool.supervise(on_unhealthy=stack.leave_selection)
     return stack

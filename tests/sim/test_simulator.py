@@ -369,6 +369,43 @@ def test_a_queue_that_ate_the_budgets_does_not_shrink_the_batch_limit() -> None:
     assert instance.aimd.limit == 2  # a run over the budget itself: it shrinks
 
 
+def test_the_warm_pool_keeps_its_containers_warm_and_refreshes_them_before_they_go() -> None:
+    profiles = zoo()
+    small = by_id(profiles, "small", "lambda-cpu")
+    sim = Simulation(profiles, POOLS, CONFIG, duration_s=5.0)
+    sim.keep_lambda_warm(small, 3)
+    assert sim.container_count == 3  # three invocations at once: three containers
+    assert all(small.variant_id in c.variants for c in sim.containers[1769])
+    sim.now = 10.0
+    sim.keep_lambda_warm(small, 3)  # warm still: nothing more
+    assert sim.container_count == 3 and sim.lambda_tier_state().idle_by_memory == {1769: 3}
+    sim.now = CONFIG.lambda_keep_warm_s * 0.75  # past half the keep-warm time: refreshed
+    sim.keep_lambda_warm(small, 3)
+    assert sim.container_count == 3
+    assert all(c.last_used > sim.now for c in sim.containers[1769])
+    sim.now = CONFIG.lambda_keep_warm_s * 1.2  # the refresh kept every one past the keep-warm time
+    sim._reap_containers()
+    assert sim.container_count == 3
+    sim.keep_lambda_warm(small, 5)  # more wanted: two more containers
+    assert sim.container_count == 5
+
+
+def test_a_burst_a_cold_start_would_miss_finds_the_warm_pool_the_scaler_kept() -> None:
+    profiles = zoo()
+    targets = QueryTargets(APP, latency_ms=10.0, min_accuracy=0.99)  # "big" on Lambda: 0.5 ms
+    # One query a second, then clumps of 6 within 0.6 ms every second: a cold start (300 ms) misses
+    # the 10 ms budget, so only containers warm before a clump serve it in time.
+    steady = [Arrival(float(t), targets, 10.0, "big") for t in range(60)]
+    clumps = [Arrival(60.0 + s + i * 0.0001, targets, 10.0, "big") for s in range(60) for i in range(6)]
+    results = {}
+    for warm in (True, False):
+        system = Modelless(PRICED, ScalerConfig(max_workers={"cpu": 0}), keep_lambda_warm=warm)
+        sim = Simulation(profiles, POOLS, SimConfig(lambda_init_ms=300.0, seed=1), 60.0, warmup_s=60.0)
+        results[warm] = sim.run(system, iter(steady + clumps))
+    assert results[True].queries == results[False].queries == len(clumps)
+    assert results[True].violations < results[False].violations
+
+
 def test_a_lambda_container_serves_every_variant_of_its_memory_size() -> None:
     profiles = zoo()
     big, small = by_id(profiles, "big", "lambda-cpu"), by_id(profiles, "small", "lambda-cpu")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,9 @@ import numpy as np
 from modelless.archives import read_npy
 from modelless.exceptions import InvalidInputError
 from modelless.repository.base import ModelRepository, fetch_to_cache
-from modelless.tensors import to_feeds
+from modelless.tensors import from_feeds, to_feeds
 from modelless.tuning.base import ParallelConfig
-from modelless.types import VariantProfile
+from modelless.types import ModelRecord, VariantProfile
 from modelless.wire import binary_field
 
 if TYPE_CHECKING:
@@ -67,6 +68,16 @@ def invocation_payload(
         # What is left of the query's latency budget: a batching worker never holds it longer.
         payload["deadline_ms"] = deadline_ms
     return payload
+
+
+def warmup_payload(variant: VariantProfile, contract: ModelRecord) -> dict[str, Any]:
+    """A warm-up invocation of ``variant``: one row of zeros in its model's own input dtypes
+    (``contract``: the model's record), so that the worker or container loads it."""
+    zeros = from_feeds(
+        {spec.name: np.zeros((1, *spec.shape), dtype=spec.dtype) for spec in contract.input_specs},
+        contract.input_specs,
+    )
+    return invocation_payload(variant, zeros, f"warmup-{uuid.uuid4().hex}")
 
 
 def make_session(model_path: Path | str, threads: int, inter_threads: int = 1) -> ort.InferenceSession:

@@ -28,7 +28,7 @@ from modelless.exceptions import NotFoundError, NotReadyError, StoreUnavailableE
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
 from modelless.query_load import QueryLoadCounter, group_of
-from modelless.runtime import invocation_payload, outputs_of
+from modelless.runtime import outputs_of, warmup_payload
 from modelless.selection import (
     NO_LAMBDA_TIER,
     Candidates,
@@ -37,7 +37,6 @@ from modelless.selection import (
     needs_warming,
     unreachable_error,
 )
-from modelless.tensors import from_feeds
 from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, RETRIED, TIER, VARIANT, WORKER, enabled, span
 from modelless.types import Decision, InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
 
@@ -172,13 +171,7 @@ class Dispatcher:
         if variant.variant_id in self._warming:
             return
         self._warming.add(variant.variant_id)
-        contract = self.profiles.input_contract(variant.app_id, variant.model_name)
-        # One row of zeros in the model's own input dtypes (workers feed batches as they come).
-        zeros = from_feeds(
-            {spec.name: np.zeros((1, *spec.shape), dtype=spec.dtype) for spec in contract.input_specs},
-            contract.input_specs,
-        )
-        payload = invocation_payload(variant, zeros, f"warmup-{uuid.uuid4().hex}")
+        payload = warmup_payload(variant, self.profiles.input_contract(variant.app_id, variant.model_name))
 
         def load() -> None:
             try:

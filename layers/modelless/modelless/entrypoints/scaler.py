@@ -11,7 +11,9 @@ as the container: its scale-down holds run across ticks and warm invocations.
 
 Settings: ``MODELLESS_METADATA_URL`` (ElastiCache Redis), ``MODELLESS_POOL_GROUPS`` (JSON: pool
 -> Auto Scaling group name), ``MODELLESS_MAX_WORKERS`` and ``MODELLESS_MIN_WORKERS`` (JSON: pool
--> count; only pools listed in MAX are managed), ``MODELLESS_SCALER_PERIOD_S``.
+-> count; only pools listed in MAX are managed), ``MODELLESS_SCALER_PERIOD_S``,
+``MODELLESS_LAMBDA_FUNCTION`` (the cpu_worker functions, as the gateway names them: the warm pool
+invokes them to keep containers warm for the bursts a cold start would miss; unset: none kept).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from modelless.config import Settings
 from modelless.metadata import open_metadata_store
 from modelless.pools.aws import AwsPoolProvider
 from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.pools.invokers import AwsLambdaInvoker
+from modelless.pools.warm import InvokingWarmPool
 from modelless.scaling.controller import Scaler, ScalerConfig, record_plan
 from modelless.scaling.ticks import ScheduledTicks
 
@@ -45,6 +49,11 @@ class ScalerFunction:
     def __init__(self, settings: Settings) -> None:
         self.store = open_metadata_store(settings.metadata_url)
         self.pools = AwsPoolProvider(dict(settings.pool_groups), self.store)
+        self.warm_pool = (
+            InvokingWarmPool(AwsLambdaInvoker(settings.lambda_function), self.store)
+            if settings.lambda_function
+            else None
+        )
         self.scaler = Scaler(
             self.store,
             self.pools,
@@ -54,6 +63,7 @@ class ScalerFunction:
                 min_workers=dict(settings.min_workers),
                 lambda_init_ms=settings.lambda_init_ms,
             ),
+            warm_pool=self.warm_pool,
         )
         self.ticks = ScheduledTicks(self.scaling_tick, self.store, period_s=settings.scaler_period_s)
 

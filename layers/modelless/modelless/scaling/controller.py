@@ -35,11 +35,12 @@ from modelless.scaling.problem import (
     ScalingPlan,
     ScalingProblem,
     ScalingVariant,
-    lambda_option,
+    lambda_choice,
     one_instance_per_worker,
     pool_from_spec,
     variant_from_profile,
 )
+from modelless.scaling.warm_pool import LambdaWarmPool, WarmDemand, burst_rate, warm_containers
 from modelless.tuning.capacity import reported_tuning, tuned_profile
 from modelless.types import VariantProfile
 
@@ -104,6 +105,10 @@ class Snapshot:
     running: dict[str, dict[str, int]]
     provisioned: dict[str, Provisioning] = field(default_factory=dict)  # group -> its envelope
     floors: dict[str, float] = field(default_factory=dict)  # group -> its demand floor (QPS)
+    # Lambda variant id -> containers to keep warm for the bursts a cold start cannot take
+    # (modelless.scaling.warm_pool), and those variants' profiles
+    lambda_warm: dict[str, int] = field(default_factory=dict)
+    lambda_profiles: dict[str, VariantProfile] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ class ScalingReport:
     floors_qps: dict[str, float] = field(default_factory=dict)  # group -> the demand floor it was given
     # group -> the rate its sub-second clumps read as, where they counted (modelless.scaling.envelope)
     burst_qps: dict[str, float] = field(default_factory=dict)
+    # Lambda variant -> containers kept warm for the bursts a cold start cannot take
+    lambda_warm: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict[str, object]:
         return {
@@ -135,6 +142,7 @@ class ScalingReport:
             "held": {p: {"kept": k, "planned": w} for p, (k, w) in self.held.items()},
             "healed": self.healed,
             "lambda_qps": {g: round(q, 2) for g, q in self.plan.lambda_qps.items()},
+            "lambda_warm": dict(self.lambda_warm),
             "unmet": dict(self.plan.unmet),
             "gap": None if self.plan.gap is None else round(self.plan.gap, 6),
             "bridge": {
@@ -173,9 +181,13 @@ class Scaler:
         config: ScalerConfig,
         solve: Solver = solve_exact,
         demand_floors: Callable[[float], Mapping[str, float]] | None = None,
+        warm_pool: LambdaWarmPool | None = None,
     ) -> None:
         """``demand_floors``: per tick, query group key -> QPS the group is provisioned for at
-        least, whatever its measured load (the pipelines' tuned stages: modelless.pipelines.autopilot)."""
+        least, whatever its measured load (the pipelines' tuned stages: modelless.pipelines.autopilot).
+        ``warm_pool``: told each tick which Lambda variants to keep how many containers warm
+        for (``ScalingReport.lambda_warm``); None: the tick reports them only."""
+        self._warm_pool = warm_pool
         self._store = store
         self._demand_floors = demand_floors
         self._provider = provider
@@ -231,22 +243,31 @@ class Scaler:
         managed = {spec.name: spec for spec in self.managed_pools()}
         scaling_groups = []
         lambda_takes_bursts: dict[str, bool] = {}
+        warm_demands: list[WarmDemand] = []
+        lambda_profiles: dict[str, VariantProfile] = {}
         for key, (group, candidates) in groups.items():
             on_lambda = [v for v in candidates if self._is_lambda(v.pool)]
-            option = lambda_option(on_lambda, group.latency_ms)
+            choice = lambda_choice(on_lambda, group.latency_ms)
             lambda_takes_bursts[key] = any(
                 self._config.lambda_init_ms + v.load_latency_ms + v.latency_ms(1) <= group.latency_ms
                 for v in on_lambda
             )
+            seconds = 0.0 if choice is None else choice.latency_ms(1) / 1000.0
+            if choice is not None and not lambda_takes_bursts[key]:
+                # Only a warm container serves this group's queries on Lambda in time.
+                rate = burst_rate(peaks.get(key, []), demand[key])
+                warm_demands.append(WarmDemand(choice.variant_id, rate, seconds))
+                lambda_profiles[choice.variant_id] = choice
             scaling_groups.append(
                 ScalingGroup(
                     id=key,
                     load_qps=demand[key],
                     latency_budget_ms=group.latency_ms,
-                    lambda_price_per_query=None if option is None else option[0],
-                    lambda_seconds_per_query=0.0 if option is None else option[1],
+                    lambda_price_per_query=None if choice is None else choice.cost_per_query(1),
+                    lambda_seconds_per_query=seconds,
                 )
             )
+        lambda_warm = warm_containers(warm_demands, self._config.lambda_concurrency)
         by_id = {g.id: g for g in scaling_groups}
         eligible: dict[str, tuple[VariantProfile, list[ScalingGroup]]] = {}
         for key, (_, candidates) in groups.items():
@@ -297,7 +318,9 @@ class Scaler:
             problem, provisioned = self._for_envelope(problem, series, peaks, lambda_takes_bursts)
         profiles = {variant.id: eligible[variant.id][0] for variant in variants}
         running_now = {pool: dict(v) for pool, v in running_in.items()}
-        return Snapshot(problem, load, profiles, running_now, provisioned, floors)
+        return Snapshot(
+            problem, load, profiles, running_now, provisioned, floors, lambda_warm, lambda_profiles
+        )
 
     def _for_envelope(
         self,
@@ -367,10 +390,21 @@ class Scaler:
             planned = {variant: n for (variant, where), n in plan.instances.items() if where == pool.name}
             instances[pool.name] = self._held_instances(pool.name, planned, snapshot, now)
             self._provider.assign(pool.name, instances[pool.name], snapshot.profiles)
+        if self._warm_pool is not None:
+            self._warm_pool.keep_warm(snapshot.lambda_warm, snapshot.lambda_profiles)
         provisioned = {g: p.load_qps for g, p in snapshot.provisioned.items()}
         bursts = {g: p.burst_qps for g, p in snapshot.provisioned.items() if p.burst_qps > 0}
         return ScalingReport(
-            plan, snapshot.load, workers, held, healed, provisioned, instances, dict(snapshot.floors), bursts
+            plan,
+            snapshot.load,
+            workers,
+            held,
+            healed,
+            provisioned,
+            instances,
+            dict(snapshot.floors),
+            bursts,
+            dict(snapshot.lambda_warm),
         )
 
     def _held_instances(

@@ -420,15 +420,21 @@ def lambda_price_per_query(lambda_profiles: Iterable[VariantProfile], budget_ms:
     return None if option is None else option[0]
 
 
-def lambda_option(lambda_profiles: Iterable[VariantProfile], budget_ms: float) -> tuple[float, float] | None:
-    """(price per query, seconds an invocation runs) of the cheapest Lambda variant at batch one
-    within ``budget_ms``, or None when none meets it."""
+def lambda_choice(lambda_profiles: Iterable[VariantProfile], budget_ms: float) -> VariantProfile | None:
+    """The cheapest Lambda variant at batch one within ``budget_ms`` (then the quicker), or None
+    when none meets it: what a group's queries run on the Lambda tier."""
     options = [
-        (p.cost_per_query(1), p.latency_ms(1) / 1000.0)
+        (p.cost_per_query(1), p.latency_ms(1), p.variant_id, p)
         for p in lambda_profiles
         if p.latency_ms(1) <= budget_ms
     ]
-    return min(options) if options else None
+    return min(options, key=lambda o: o[:3])[3] if options else None
+
+
+def lambda_option(lambda_profiles: Iterable[VariantProfile], budget_ms: float) -> tuple[float, float] | None:
+    """(price per query, seconds an invocation runs) of ``lambda_choice``, or None."""
+    chosen = lambda_choice(lambda_profiles, budget_ms)
+    return None if chosen is None else (chosen.cost_per_query(1), chosen.latency_ms(1) / 1000.0)
 
 
 # ----------------------------------------------------------------------------- plan arithmetic

@@ -1,0 +1,88 @@
+"""The Lambda warm pool over a Lambda tier's invoker (``modelless.scaling.warm_pool``).
+
+Each scaler tick names, per Lambda variant, the containers to keep warm. Nothing tells which
+containers of a Lambda function are warm (AWS does not say; an idle one is kept for minutes, then
+recycled), so the pool keeps them warm the way Lambda users do: ``count`` concurrent warm-up
+invocations of the variant (one row of zeros, ``runtime.warmup_payload``), which Lambda spreads
+over ``count`` containers (starting those it lacks), repeated every ``refresh_s`` (well within the
+time an idle container is kept) and at once when a tick asks for more. The invocations run in the
+background: a tick never waits for them. Provisioned concurrency, where a deployment pays for it,
+keeps the function's containers warm without them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from aws_lambda_powertools import Logger
+
+from modelless.metadata.base import MetadataStore
+from modelless.pools.invokers import LambdaInvoker
+from modelless.runtime import warmup_payload
+from modelless.scaling.warm_pool import within
+from modelless.types import VariantProfile
+
+logger = Logger(service="scaler", child=True)
+
+# Lambda keeps an idle container for 5 to 15 minutes (not documented, widely measured): every
+# container is invoked again well before the shortest of them.
+KEEP_WARM_REFRESH_S = 240.0
+WARMUP_TIMEOUT_S = 60.0  # a cold start and the variant's load
+MAX_CONCURRENT_WARMUPS = 64  # warm-up invocations in flight at once, all variants together
+
+
+class InvokingWarmPool:
+    """``LambdaWarmPool`` by concurrent warm-up invocations through ``invoker``; ``store`` gives
+    each variant's model record (its input shape). ``capacity``: the most containers the tier
+    runs at once (the local tier's concurrency), which the pool never asks more of in all: more
+    warm-ups would only wait for containers that queries need. ``clock``: monotonic seconds (a
+    fake one in tests)."""
+
+    def __init__(
+        self,
+        invoker: LambdaInvoker,
+        store: MetadataStore,
+        refresh_s: float = KEEP_WARM_REFRESH_S,
+        timeout_s: float = WARMUP_TIMEOUT_S,
+        capacity: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._capacity = capacity
+        self._invoker = invoker
+        self._store = store
+        self._refresh_s = refresh_s
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._warmed: dict[str, tuple[float, int]] = {}  # variant -> (when, containers) last warmed
+        self._background = ThreadPoolExecutor(MAX_CONCURRENT_WARMUPS, thread_name_prefix="keep-warm")
+
+    def keep_warm(self, containers: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
+        now = self._clock()
+        containers = within(containers, self._capacity)
+        for variant_id in list(self._warmed):
+            if variant_id not in containers:
+                del self._warmed[variant_id]  # no longer needed: Lambda recycles them in time
+        for variant_id, count in sorted(containers.items()):
+            last = self._warmed.get(variant_id)
+            if count <= 0 or (last is not None and last[1] >= count and now - last[0] < self._refresh_s):
+                continue
+            variant = profiles[variant_id]
+            record = self._store.get_model(variant.app_id, variant.model_name)
+            if record is None:
+                continue  # deleted since the tick read its profiles
+            self._warmed[variant_id] = (now, count)
+            for _ in range(count):
+                # Each its own payload (its own correlation id); submitted together, they overlap.
+                self._background.submit(self._warm, variant_id, warmup_payload(variant, record))
+
+    def _warm(self, variant_id: str, payload: dict[str, object]) -> None:
+        try:
+            self._invoker.invoke(dict(payload), self._timeout_s)
+        except Exception as error:  # a failed warm-up costs a cold start later, nothing more
+            logger.warning("keep-warm invocation failed", extra={"variant": variant_id, "error": str(error)})
+            self._warmed.pop(variant_id, None)  # try again next tick
+
+    def close(self) -> None:
+        self._background.shutdown(wait=False, cancel_futures=True)
