@@ -670,12 +670,13 @@ class Simulation:
         Returns when it is done (None: refused at the concurrency limit)."""
         return self.run_on_lambda(variant, None)
 
-    def keep_lambda_warm(self, variant: VariantProfile, containers: int) -> None:
-        """The warm pool's warm-up invocations (``LambdaWarmPool.keep_warm``): where fewer than
-        ``containers`` containers holding ``variant`` ran within half the keep-warm time, as many
-        invocations at once as the idle ones lack, each on a container of its own (an idle one,
-        which loads the variant where it lacks it, else a new one: a cold start), so that
-        ``containers`` stay warm. Each is billed as the invocation it is."""
+    def keep_lambda_warm(self, variant: VariantProfile, containers: int) -> float:
+        """One round of the warm pool's warm-up invocations (``InvokingWarmPool``): where fewer
+        than ``containers`` containers holding ``variant`` ran within half the keep-warm time, as
+        many invocations at once as the idle ones lack, each on a container of its own (an idle
+        one, which loads the variant where it lacks it, else a new one: a cold start), so that
+        ``containers`` stay warm. Each is billed as the invocation it is. Returns when the last
+        of them is done (now, for none)."""
         now = self.now
         fresh_s = self.config.lambda_keep_warm_s / 2
         holding = [
@@ -684,11 +685,15 @@ class Simulation:
             if variant.variant_id in c.variants
         ]
         if sum(1 for c in holding if now - c.last_used <= fresh_s) >= containers:
-            return
+            return now
         busy = sum(1 for c in holding if c.busy_until > now)
+        done = now
         for _ in range(containers - busy):
-            if self.run_on_lambda(variant, None) is None:
-                return  # at the concurrency limit
+            finished = self.run_on_lambda(variant, None)
+            if finished is None:
+                break  # at the concurrency limit
+            done = max(done, finished)
+        return done
 
     def _reap_containers(self) -> None:
         keep_s = self.config.lambda_keep_warm_s
@@ -945,14 +950,26 @@ class SimStore(InMemoryMetadataStore):
 
 
 class SimWarmPool:
-    """The scaler's Lambda warm pool inside a simulation (``Simulation.keep_lambda_warm``)."""
+    """The scaler's Lambda warm pool inside a simulation, as ``InvokingWarmPool`` keeps it: the
+    variants of one memory size take turns, a round of ``Simulation.keep_lambda_warm`` each,
+    the next once the last is done."""
 
     def __init__(self, sim: Simulation) -> None:
         self._sim = sim
 
     def keep_warm(self, containers: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
-        for variant_id, count in containers.items():
-            self._sim.keep_lambda_warm(profiles[variant_id], count)
+        turns: dict[int, list[tuple[VariantProfile, int]]] = {}
+        for variant_id, count in sorted(containers.items()):
+            variant = profiles[variant_id]
+            turns.setdefault(variant.memory_mb, []).append((variant, count))
+        for due in turns.values():
+            self._round(due)
+
+    def _round(self, due: list[tuple[VariantProfile, int]]) -> None:
+        (variant, count), rest = due[0], due[1:]
+        done = self._sim.keep_lambda_warm(variant, count)
+        if rest:
+            self._sim.at(done, self._round, rest)
 
 
 class SimProvider:

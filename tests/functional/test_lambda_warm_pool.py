@@ -24,35 +24,44 @@ from tests.waiting import scaled, wait_for
 
 
 def test_the_warm_pool_starts_its_containers_before_the_burst_that_needs_them(tier: LocalLambdaTier) -> None:
-    variant = make_variant(pool="lambda-cpu")
+    # Two variants of one memory size: every warm container holds both.
+    variants = [make_variant(pool="lambda-cpu"), make_variant(pool="lambda-cpu", suffix="-b")]
     store = InMemoryMetadataStore()
-    publish_linear_model(store, variant)
-    warm_pool = InvokingWarmPool(tier, store)
+    publish_linear_model(store, *variants)
+    warm_pool = InvokingWarmPool(tier, store, capacity=tier.concurrency)
     try:
-        warm_pool.keep_warm({variant.variant_id: tier.concurrency}, {variant.variant_id: variant})
+        warm_pool.keep_warm(
+            {v.variant_id: tier.concurrency for v in variants}, {v.variant_id: v for v in variants}
+        )
 
         def warm_and_idle() -> bool:
             state = tier.state()
             return (
                 tier.size == tier.concurrency
                 and tier.cold_starts == tier.concurrency
-                and [(i.variant_id, i.state, i.queue_length) for i in state.instances]
-                == [(variant.variant_id, InstanceState.ACTIVE, 0)]
+                and sorted((i.variant_id, i.state, i.queue_length) for i in state.instances)
+                == sorted((v.variant_id, InstanceState.ACTIVE, 0) for v in variants)
             )
 
-        wait_for(warm_and_idle, scaled(60.0), f"{tier.concurrency} warm, idle containers")
-        # The burst: as many queries at once as there are containers; none waits for a start.
+        wait_for(
+            warm_and_idle, scaled(60.0), f"{tier.concurrency} warm, idle containers holding both variants"
+        )
         inputs = sample_inputs(1)
-        with ThreadPoolExecutor(tier.concurrency) as burst:
-            bodies = list(
-                burst.map(
-                    lambda _: tier.invoke(payload(variant, inputs), INVOKE_TIMEOUT_S), range(tier.concurrency)
+        for variant in variants:
+            # A burst: as many queries at once as there are containers; none waits for a start
+            # or a load.
+            with ThreadPoolExecutor(tier.concurrency) as burst:
+                bodies = list(
+                    burst.map(
+                        lambda _, v=variant: tier.invoke(payload(v, inputs), INVOKE_TIMEOUT_S),
+                        range(tier.concurrency),
+                    )
                 )
-            )
-        assert [body["cold_start"] for body in bodies] == [False] * tier.concurrency
-        assert [body["load_ms"] for body in bodies] == [0] * tier.concurrency  # each held the variant
-        for body in bodies:
-            np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
+            assert [(body["cold_start"], body["load_ms"]) for body in bodies] == [
+                (False, 0)
+            ] * tier.concurrency
+            for body in bodies:
+                np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
         assert tier.cold_starts == tier.concurrency
     finally:
         warm_pool.close()

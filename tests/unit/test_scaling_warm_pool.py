@@ -48,14 +48,21 @@ def test_a_burst_rate_is_the_busiest_slice_per_second_never_below_the_mean() -> 
     assert burst_rate([], 2.0) == 2.0 and burst_rate([0, 0], 0.0) == 0.0
 
 
-def test_groups_on_one_variant_add_their_loads_and_the_account_limit_is_shared() -> None:
-    demands = [WarmDemand("v", 100.0, 0.02), WarmDemand("v", 50.0, 0.02), WarmDemand("w", 10.0, 0.1)]
+def test_one_memory_sizes_variants_share_its_containers_sized_for_their_loads_together() -> None:
+    demands = [
+        WarmDemand("v", 1769, 100.0, 0.02),
+        WarmDemand("v", 1769, 50.0, 0.02),
+        WarmDemand("w", 1769, 10.0, 0.1),
+        WarmDemand("big", 3538, 20.0, 0.1),
+    ]
     wanted = warm_containers(demands)
-    assert wanted == {"v": containers_for(3.0), "w": containers_for(1.0)}
-    assert warm_containers([WarmDemand("idle", 0.0, 0.05)]) == {}
+    small, large = containers_for(3.0 + 1.0), containers_for(2.0)
+    assert wanted == {"v": small, "w": small, "big": large}  # pooled: fewer than apart
+    assert small < containers_for(3.0) + containers_for(1.0)
+    assert warm_containers([WarmDemand("idle", 1769, 0.0, 0.05)]) == {}
     capped = warm_containers(demands, limit=6)
-    assert sum(capped.values()) <= 6 and min(capped.values()) >= 1
-    assert capped["v"] > capped["w"]
+    assert capped["v"] == capped["w"] and capped["v"] + capped["big"] <= 6 and capped["big"] >= 1
+    assert capped["v"] > capped["big"]
 
 
 def test_the_lambda_choice_is_the_cheapest_within_the_budget_then_the_quicker() -> None:
@@ -187,21 +194,21 @@ def test_a_failed_warm_up_is_tried_again_on_the_next_tick(store: InMemoryMetadat
         pool.close()
 
 
-def test_the_invoking_pool_never_asks_more_containers_than_the_tier_runs(
+def test_the_invoking_pool_warms_one_sizes_variants_in_turn_within_the_tiers_containers(
     store: InMemoryMetadataStore,  # noqa: F811
 ) -> None:
     fast, slow = profile("fast", "lambda-cpu", 2.0), profile("slow", "lambda-cpu", 20.0)
     tier = BlockingLambda()
     pool = InvokingWarmPool(tier, store, capacity=4, clock=lambda: 0.0)
     try:
-        pool.keep_warm({fast.variant_id: 9, slow.variant_id: 3}, {p.variant_id: p for p in (fast, slow)})
+        pool.keep_warm({fast.variant_id: 9, slow.variant_id: 9}, {p.variant_id: p for p in (fast, slow)})
         settle(tier, 4)
+        assert [p["variant_id"] for p in tier.payloads] == [fast.variant_id] * 4  # the first round
+        assert len({p["correlation_id"] for p in tier.payloads}) == 4
+        tier.release.set()  # the round answers: the next variant's round, on the same containers
+        settle(tier, 8)
+        assert [p["variant_id"] for p in tier.payloads[4:]] == [slow.variant_id] * 4
         assert tier.most_at_once <= 4
-        counts = {
-            p.variant_id: sum(1 for x in tier.payloads if x["variant_id"] == p.variant_id)
-            for p in (fast, slow)
-        }
-        assert counts == {fast.variant_id: 3, slow.variant_id: 1}
     finally:
         tier.release.set()
         pool.close()

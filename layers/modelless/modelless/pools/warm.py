@@ -1,20 +1,26 @@
 """The Lambda warm pool over a Lambda tier's invoker (``modelless.scaling.warm_pool``).
 
-Each scaler tick names, per Lambda variant, the containers to keep warm. Nothing tells which
-containers of a Lambda function are warm (AWS does not say; an idle one is kept for minutes, then
-recycled), so the pool keeps them warm the way Lambda users do: ``count`` concurrent warm-up
-invocations of the variant (one row of zeros, ``runtime.warmup_payload``), which Lambda spreads
-over ``count`` containers (starting those it lacks), repeated every ``refresh_s`` (well within the
-time an idle container is kept) and at once when a tick asks for more. The invocations run in the
-background: a tick never waits for them. Provisioned concurrency, where a deployment pays for it,
-keeps the function's containers warm without them.
+Each scaler tick names, per Lambda variant, the containers of its memory size that should hold it
+warm. Nothing tells which containers of a Lambda function are warm (AWS does not say; an idle one
+is kept for minutes, then recycled), so the pool keeps them warm the way Lambda users do:
+``count`` concurrent warm-up invocations of the variant (one row of zeros,
+``runtime.warmup_payload``), which Lambda spreads over ``count`` containers, starting those it
+lacks. The variants of one memory size take turns, each round once the last has answered: the
+next round's invocations then find the same containers idle (Lambda hands the warmest idle
+container first) and load their variant beside the last, so that every container holds them all.
+A variant is warmed again every ``refresh_s`` (well within the time an idle container is kept)
+and at once when a tick asks for more. The rounds run in the background: a tick never waits for
+them. Provisioned concurrency, where a deployment pays for it, keeps the containers warm without
+them.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
 
 from aws_lambda_powertools import Logger
 
@@ -30,7 +36,7 @@ logger = Logger(service="scaler", child=True)
 # container is invoked again well before the shortest of them.
 KEEP_WARM_REFRESH_S = 240.0
 WARMUP_TIMEOUT_S = 60.0  # a cold start and the variant's load
-MAX_CONCURRENT_WARMUPS = 64  # warm-up invocations in flight at once, all variants together
+MAX_CONCURRENT_WARMUPS = 64  # warm-up invocations in flight at once, all memory sizes together
 
 
 class InvokingWarmPool:
@@ -49,40 +55,56 @@ class InvokingWarmPool:
         capacity: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._capacity = capacity
         self._invoker = invoker
         self._store = store
         self._refresh_s = refresh_s
         self._timeout_s = timeout_s
+        self._capacity = capacity
         self._clock = clock
         self._warmed: dict[str, tuple[float, int]] = {}  # variant -> (when, containers) last warmed
-        self._background = ThreadPoolExecutor(MAX_CONCURRENT_WARMUPS, thread_name_prefix="keep-warm")
+        self._rounds = ThreadPoolExecutor(4, thread_name_prefix="keep-warm-rounds")
+        self._invocations = ThreadPoolExecutor(MAX_CONCURRENT_WARMUPS, thread_name_prefix="keep-warm")
 
     def keep_warm(self, containers: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
         now = self._clock()
-        containers = within(containers, self._capacity)
         for variant_id in list(self._warmed):
             if variant_id not in containers:
                 del self._warmed[variant_id]  # no longer needed: Lambda recycles them in time
-        for variant_id, count in sorted(containers.items()):
+        sizes: dict[int, int] = {}  # memory size -> containers (each holding its variants)
+        for variant_id, count in containers.items():
+            memory = profiles[variant_id].memory_mb
+            sizes[memory] = max(sizes.get(memory, 0), count)
+        sizes = within(sizes, self._capacity)
+        rounds: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        for variant_id in sorted(containers):
+            variant = profiles[variant_id]
+            count = min(containers[variant_id], sizes[variant.memory_mb])
             last = self._warmed.get(variant_id)
             if count <= 0 or (last is not None and last[1] >= count and now - last[0] < self._refresh_s):
                 continue
-            variant = profiles[variant_id]
             record = self._store.get_model(variant.app_id, variant.model_name)
             if record is None:
                 continue  # deleted since the tick read its profiles
             self._warmed[variant_id] = (now, count)
-            for _ in range(count):
-                # Each its own payload (its own correlation id); submitted together, they overlap.
-                self._background.submit(self._warm, variant_id, warmup_payload(variant, record))
+            rounds.setdefault(variant.memory_mb, []).append((variant_id, warmup_payload(variant, record)))
+        for memory, due in rounds.items():
+            self._rounds.submit(self._warm_in_turn, due, sizes[memory])
 
-    def _warm(self, variant_id: str, payload: dict[str, object]) -> None:
+    def _warm_in_turn(self, due: list[tuple[str, dict[str, Any]]], count: int) -> None:
+        """One memory size's variants, one round each: ``count`` invocations at once, the next
+        round once they have answered."""
+        for variant_id, payload in due:
+            # Submitted together, they overlap; each under a correlation id of its own.
+            copies = [{**payload, "correlation_id": f"warmup-{uuid.uuid4().hex}"} for _ in range(count)]
+            wait([self._invocations.submit(self._warm, variant_id, copy) for copy in copies])
+
+    def _warm(self, variant_id: str, payload: dict[str, Any]) -> None:
         try:
-            self._invoker.invoke(dict(payload), self._timeout_s)
+            self._invoker.invoke(payload, self._timeout_s)
         except Exception as error:  # a failed warm-up costs a cold start later, nothing more
             logger.warning("keep-warm invocation failed", extra={"variant": variant_id, "error": str(error)})
             self._warmed.pop(variant_id, None)  # try again next tick
 
     def close(self) -> None:
-        self._background.shutdown(wait=False, cancel_futures=True)
+        self._rounds.shutdown(wait=False, cancel_futures=True)
+        self._invocations.shutdown(wait=False, cancel_futures=True)

@@ -256,7 +256,7 @@ class Scaler:
             if choice is not None and not lambda_takes_bursts[key]:
                 # Only a warm container serves this group's queries on Lambda in time.
                 rate = burst_rate(peaks.get(key, []), demand[key])
-                warm_demands.append(WarmDemand(choice.variant_id, rate, seconds))
+                warm_demands.append(WarmDemand(choice.variant_id, choice.memory_mb, rate, seconds))
                 lambda_profiles[choice.variant_id] = choice
             scaling_groups.append(
                 ScalingGroup(

@@ -1,4 +1,4 @@
-"""How many Lambda containers to keep warm, per variant, for the bursts Lambda takes (issue 14).
+"""How many Lambda containers to keep warm for the bursts Lambda takes (issue 14).
 
 A query whose budget a Lambda cold start does not fit (a container's start plus the variant's
 load: hundreds of ms against a 50 ms budget) is served on Lambda only by a container that is warm
@@ -12,8 +12,12 @@ scaler keeps warm, ahead of the burst, as many containers as the group's sub-sec
   invocation runs; the containers to keep are one more than the ``WARM_QUANTILE`` quantile of a
   Poisson count with that mean, so that a query in a burst finds an idle one but once in a
   thousand;
-- the groups that would run on one variant add their loads; the whole pool stays within Lambda's
-  account concurrency (``limit``), shared in proportion when it would not.
+- a container serves every variant of its memory size (one Lambda function per size), but one
+  that does not hold a variant must load it first, which a budget a cold start misses does not
+  fit either. So the pool is sized per memory size, for its variants' loads together (pooled, as
+  the function's containers are), and each of those variants is kept warm in every one of its
+  containers: a query of any of them finds the idle ones holding it. The whole pool stays within
+  Lambda's account concurrency (``limit``), shared in proportion when it would not.
 
 What keeping a container warm means is the warm pool's (``LambdaWarmPool``): on AWS, provisioned
 concurrency or periodic concurrent warm-up invocations; in the local tier and the simulator, warm-up
@@ -41,6 +45,7 @@ class WarmDemand:
     """One group's claim on a Lambda variant's warm containers."""
 
     variant_id: str
+    memory_mb: int  # the Lambda function (memory size) that runs it
     burst_qps: float  # the rate its sub-second clumps arrive at
     seconds_per_query: float  # how long an invocation holds a container
 
@@ -69,30 +74,33 @@ def containers_for(offered: float, quantile: float = WARM_QUANTILE) -> int:
 def warm_containers(
     demands: Iterable[WarmDemand], limit: float | None = None, quantile: float = WARM_QUANTILE
 ) -> dict[str, int]:
-    """Variant id -> containers to keep warm for ``demands``, within ``limit`` in all (Lambda's
-    account concurrency: shared in proportion, each variant keeping at least one, when the sum
-    would pass it)."""
-    offered: dict[str, float] = {}
+    """Variant id -> the containers of its memory size to keep warm, each holding it, for
+    ``demands`` (the same count for every variant of one size), within ``limit`` containers in
+    all (Lambda's account concurrency)."""
+    offered: dict[int, float] = {}
+    variants: dict[int, set[str]] = {}
     for demand in demands:
         load = demand.burst_qps * demand.seconds_per_query
         if load > 0:
-            offered[demand.variant_id] = offered.get(demand.variant_id, 0.0) + load
-    wanted = {variant_id: containers_for(load, quantile) for variant_id, load in sorted(offered.items())}
-    return within({variant_id: n for variant_id, n in wanted.items() if n > 0}, limit)
+            offered[demand.memory_mb] = offered.get(demand.memory_mb, 0.0) + load
+            variants.setdefault(demand.memory_mb, set()).add(demand.variant_id)
+    sizes = within({memory: containers_for(load, quantile) for memory, load in offered.items()}, limit)
+    return {variant_id: sizes[memory] for memory in sorted(sizes) for variant_id in sorted(variants[memory])}
 
 
-def within(containers: Mapping[str, int], limit: float | None) -> dict[str, int]:
-    """``containers`` (variant id -> count), shared in proportion within ``limit`` in all where
-    they would pass it, each variant keeping at least one."""
+def within(containers: Mapping[int, int], limit: float | None) -> dict[int, int]:
+    """``containers`` (per memory size), shared in proportion within ``limit`` in all where they
+    would pass it, each keeping at least one."""
     total = sum(containers.values())
     if limit is None or total <= limit:
         return dict(containers)
     share = limit / total
-    return {variant_id: max(1, math.floor(n * share)) for variant_id, n in containers.items()}
+    return {key: max(1, math.floor(n * share)) for key, n in containers.items()}
 
 
 class LambdaWarmPool(Protocol):
-    """Keeps Lambda containers warm: ``keep_warm`` is called every scaler tick with each variant's
-    containers (``warm_containers``) and its profile; a variant left out needs none any more."""
+    """Keeps Lambda containers warm: ``keep_warm`` is called every scaler tick with, per variant,
+    the containers of its memory size that should hold it warm (``warm_containers``: the same for
+    every variant of one size) and its profile; a variant left out needs none any more."""
 
     def keep_warm(self, containers: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None: ...
