@@ -37,7 +37,7 @@ from scipy.special import pdtr
 from modelless.query_load import PEAK_SLICE_S
 from modelless.types import VariantProfile
 
-WARM_QUANTILE = 0.999  # a burst finds an idle warm container in all but this share of slices
+WARM_QUANTILE = 0.999  # the share of a burst's queries that find an idle warm container holding their variant
 
 
 @dataclass(frozen=True)
