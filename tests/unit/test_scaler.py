@@ -12,6 +12,7 @@ from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
 from modelless.query_load import QueryGroup
 from modelless.scaling.controller import ScaleDownHold, Scaler, ScalerConfig
+from modelless.scaling.problem import PlanStatus, ScalingPlan, ScalingProblem
 from modelless.types import (
     InstanceState,
     InstanceStats,
@@ -226,3 +227,44 @@ def test_workers_that_do_not_report_yet_are_starting_and_the_plan_bridges_them(
     assert isinstance(bridge, dict)
     assert bridge["seconds"] == pytest.approx(45.0, abs=0.1)  # start-up, plus a 5 ms load
     assert bridge["cost"] > 0
+
+
+def test_an_instance_the_plan_moves_to_another_pool_serves_until_its_replacement_runs(
+    store: InMemoryMetadataStore,
+) -> None:
+    # Make before break: the plan moves the group from the CPU instance to a GPU one whose worker
+    # has yet to start. Dropping the CPU instance once its hold ran out would leave the group with
+    # nothing (a group Lambda cannot serve in time was refused for a second on the conv trace).
+    record = store.get_model(APP, "m")
+    assert record is not None
+    registration = Registration("reg", APP, "m", RegistrationStatus.READY)
+    cpu, gpu = profile("fast", "cpu", 2.0), profile("fast", "gpu", 1.0)
+    store.publish_variants(record, [cpu, profile("fast", "lambda-cpu", 2.0), gpu], registration)
+    provider = FakeProvider({"cpu": 1, "gpu": 0})
+    config = ScalerConfig(
+        window_s=10, slack=0.0, min_hold_s=30, max_workers={"cpu": 2, "gpu": 2}, provision_for_envelope=False
+    )
+
+    def to_the_gpu(problem: ScalingProblem, time_limit_s: float) -> ScalingPlan:
+        return ScalingPlan(
+            instances={(gpu.variant_id, "gpu"): 1}, workers={"cpu": 0, "gpu": 1}, lambda_qps={},
+            served={(gpu.variant_id, GROUP.key): 400.0}, cost_per_second=1.0, objective=1.0,
+            solver="milp", status=PlanStatus.OPTIMAL, solve_seconds=0.0,
+        )  # fmt: skip
+
+    scaler = Scaler(store, provider, DEFAULT_POOLS, config, to_the_gpu)
+    base = int(time.time())
+    load(store, 400, start=base - 20, seconds=90)  # steady load throughout
+    on_cpu = InstanceStats(cpu.variant_id, InstanceState.ACTIVE, 0.0, 2.0, 2.0, 0)
+    for offset in (0.5, 20.0, 40.0, 60.0):  # past the 30 s hold: the GPU worker has not started
+        store.put_worker_state(WorkerState("cpu-0", "cpu", "http://c", 0.0, 1, base + offset, (on_cpu,)))
+        report = scaler.tick(now=base + offset)
+        assert provider.assigned["cpu"] == {cpu.variant_id: 1}, offset
+        assert report.workers["cpu"] == 1 and provider.assigned["gpu"] == {gpu.variant_id: 1}, offset
+    # The GPU instance runs: the CPU one (its hold long over) goes, and its worker with it.
+    on_gpu = InstanceStats(gpu.variant_id, InstanceState.ACTIVE, 0.0, 1.0, 1.0, 0)
+    store.put_worker_state(WorkerState("gpu-0", "gpu", "http://g", 0.0, 1, base + 61.0, (on_gpu,)))
+    store.put_worker_state(WorkerState("cpu-0", "cpu", "http://c", 0.0, 1, base + 61.0, (on_cpu,)))
+    report = scaler.tick(now=base + 61.0)
+    assert provider.assigned["cpu"] == {}
+    assert report.workers["cpu"] == 0

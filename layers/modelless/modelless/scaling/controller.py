@@ -93,6 +93,28 @@ class ScaleDownHold:
         del self._since[pool]  # done: a later wish for fewer starts its own hold
         return wanted
 
+    def start(self, pool: str, now: float) -> None:
+        """The plan wants fewer, but the caller keeps them for another reason: the hold's clock
+        starts (or runs on) all the same."""
+        self._since.setdefault(pool, now)
+
+
+def awaited_groups(
+    plan: ScalingPlan, problem: ScalingProblem, running: Mapping[str, Mapping[str, int]]
+) -> dict[str, frozenset[str]]:
+    """Group -> the pools where the plan puts instances of a variant that serves it but that
+    are not running yet (they serve once loaded, and once their worker has started)."""
+    by_id = problem.variant_by_id
+    pools: dict[str, set[str]] = {}
+    for (variant_id, pool), count in plan.instances.items():
+        variant = by_id.get(variant_id)
+        if variant is None or count <= running.get(pool, {}).get(variant_id, 0):
+            continue
+        for group, q in variant.saturation_qps.items():
+            if q > 0:
+                pools.setdefault(group, set()).add(pool)
+    return {group: frozenset(where) for group, where in pools.items()}
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -376,19 +398,27 @@ class Scaler:
         held: dict[str, tuple[int, int]] = {}
         healed: dict[str, list[str]] = {}
         instances: dict[str, dict[str, int]] = {}
+        awaited = awaited_groups(plan, problem, snapshot.running)
         for pool in problem.pools:
             replaced = self._provider.heal(pool.name)
             if replaced:
                 healed[pool.name] = replaced
+            planned = {variant: n for (variant, where), n in plan.instances.items() if where == pool.name}
+            instances[pool.name], handing_over = self._held_instances(
+                pool.name, planned, snapshot, now, awaited
+            )
             wanted = plan.workers.get(pool.name, 0)
             load_times = [v.load_time_ms / 1000 for v in problem.variants if v.pool == pool.name]
             hold_s = max([self._config.min_hold_s, *load_times])
-            decided = self._hold.decide(pool.name, pool.current_workers, wanted, hold_s, now)
+            if handing_over and wanted < pool.current_workers:
+                # The workers of instances kept for a hand-over stay too (the hold runs meanwhile).
+                self._hold.start(pool.name, now)
+                decided = pool.current_workers
+            else:
+                decided = self._hold.decide(pool.name, pool.current_workers, wanted, hold_s, now)
             if decided != wanted:
                 held[pool.name] = (decided, wanted)
             workers[pool.name] = self._provider.scale(pool.name, decided)
-            planned = {variant: n for (variant, where), n in plan.instances.items() if where == pool.name}
-            instances[pool.name] = self._held_instances(pool.name, planned, snapshot, now)
             self._provider.assign(pool.name, instances[pool.name], snapshot.profiles)
         if self._warm_pool is not None:
             self._warm_pool.keep_warm(snapshot.lambda_warm, snapshot.lambda_profiles)
@@ -408,21 +438,41 @@ class Scaler:
         )
 
     def _held_instances(
-        self, pool: str, planned: Mapping[str, int], snapshot: Snapshot, now: float
-    ) -> dict[str, int]:
-        """The plan's instances, except that an instance the plan no longer wants is kept for the
-        hold time (at least its variant's load time, INFaaS §4.2.2): a dip in load must not
-        throw away a warm instance that the next query would have to load again."""
+        self,
+        pool: str,
+        planned: Mapping[str, int],
+        snapshot: Snapshot,
+        now: float,
+        awaited: Mapping[str, frozenset[str]],
+    ) -> tuple[dict[str, int], bool]:
+        """The plan's instances, except that an instance the plan no longer wants is kept
+
+        - for the hold time (at least its variant's load time, INFaaS §4.2.2): a dip in load must
+          not throw away a warm instance that the next query would have to load again;
+        - while it serves a group that the plan moves to new instances in another pool, until
+          those run (make before break): they may wait for a worker's start-up, and a group
+          that Lambda cannot serve in time has nothing else meanwhile.
+
+        Also whether any instance is kept for such a hand-over (its worker must stay too)."""
         running = snapshot.running.get(pool, {})
+        by_id = snapshot.problem.variant_by_id
         targets: dict[str, int] = {}
+        handing_over = False
         for variant_id in sorted(planned.keys() | running.keys()):
             profile = snapshot.profiles.get(variant_id)
             load_s = profile.load_latency_ms / 1000 if profile is not None else 0.0
             hold_s = max(self._config.min_hold_s, load_s)
-            targets[variant_id] = self._hold.decide(
-                f"{pool}/{variant_id}", running.get(variant_id, 0), planned.get(variant_id, 0), hold_s, now
-            )
-        return {variant_id: count for variant_id, count in targets.items() if count > 0}
+            current, wanted = running.get(variant_id, 0), planned.get(variant_id, 0)
+            key = f"{pool}/{variant_id}"
+            variant = by_id.get(variant_id)
+            served = [group for group, q in variant.saturation_qps.items() if q > 0] if variant else []
+            if wanted < current and any(awaited.get(group, frozenset()) - {pool} for group in served):
+                self._hold.start(key, now)  # the hold runs meanwhile: once handed over, it may go
+                targets[variant_id] = current
+                handing_over = True
+                continue
+            targets[variant_id] = self._hold.decide(key, current, wanted, hold_s, now)
+        return {variant_id: count for variant_id, count in targets.items() if count > 0}, handing_over
 
     def _is_lambda(self, pool: str) -> bool:
         spec = self._pools.get(pool)
