@@ -1574,7 +1574,9 @@ that every plan is HiGHS's optimum and runs are deterministic) or the greedy. Mi
 called (they act over HTTP): plans are placed as `InstancePlacer.place` places them (surplus
 instances drained busy or not, a drained slot reserved for the plan's variant), a draining or
 just-drained instance refuses queries as the worker does and the dispatcher retries them
-elsewhere, a warm-up runs once at a time per variant, and scale-in picks workers as
+elsewhere, an instance being loaded shows in no report until its load is done (a query sent
+there meanwhile is a load decision and waits for the load under way), a warm-up runs once at a
+time per variant, and scale-in picks workers as
 `AwsPoolProvider` does. Service times are log-normal with each profile's p50 and p99. A query's
 latency is what its budget covers: queue, load or cold start when it waits for one, and
 inference; a refused or unanswered query is a violation.

@@ -461,15 +461,28 @@ class Simulation:
             caps = BudgetCaps(estimate, aimd.max_limit)
             instance = Instance(variant, worker, ready, aimd, memory, key, estimate, caps)
             worker.instances[key] = instance
-            if worker.monitored:
-                worker.monitor.loaded(variant)
+            # A worker shows an instance once its load is done (``_show_if_loaded``): until then
+            # selection must not take it for Active, nor queue queries behind a second's load.
+            if ready > self.now:
+                self.at(ready, self._loaded, instance)
+            else:
+                self._loaded(instance)
             self.touch()
         elif instance.draining:  # loaded again: the drain is called off (WorkerMonitor.loaded)
             instance.draining = False
-            if worker.monitored:
-                worker.monitor.loaded(instance.variant)
+            if instance.ready_at <= self.now:
+                self._loaded(instance)
             self.touch()
         return instance
+
+    def _loaded(self, instance: Instance) -> None:
+        """``instance``'s load is done: its worker's monitor shows it, unless it went meanwhile."""
+        worker = instance.worker
+        if worker.instances.get(instance.key) is not instance or instance.draining:
+            return
+        if worker.monitored:
+            worker.monitor.loaded(instance.variant)
+        self.touch()
 
     def drain(self, worker: Worker, key: str, reserve: bool = False) -> bool:
         """The placer's unload (``POST /unload``), busy or not: an idle instance goes at once
@@ -913,12 +926,15 @@ def repriced(profiles: Sequence[VariantProfile], pools: Mapping[str, PoolSpec]) 
 
 
 def _with_loading(state: WorkerState, worker: Worker, now: float) -> WorkerState:
-    """Add instances being loaded (not in the report yet) so selection does not load twice."""
+    """The report with the instances loaded since (a worker reports at once when its instances
+    change): Active, their slots taken. One still loading is in neither, as in the real worker's
+    report (its monitor counts an instance once loaded): a query sent there meanwhile is a load
+    decision, priced at the whole load, and waits for the load under way (``ensure_loaded``'s lock)."""
     reported = {i.variant_id for i in state.instances}
     extra = tuple(
         InstanceStats(variant_id, InstanceState.ACTIVE, 0.0, 0.0, 0.0, len(instance.queue))
         for variant_id, instance in worker.instances.items()
-        if variant_id not in reported and not instance.draining
+        if variant_id not in reported and not instance.draining and instance.ready_at <= now
     )
     if not extra:
         return state
@@ -1195,7 +1211,8 @@ class Modelless:
             if done is not None:
                 self._warming[warm.variant.variant_id] = done
         elif warm.worker_id in sim.workers:
-            sim.load(sim.workers[warm.worker_id], warm.variant)
+            instance = sim.load(sim.workers[warm.worker_id], warm.variant)
+            self._warming[warm.variant.variant_id] = instance.ready_at
 
     def tick(self, sim: Simulation) -> None:
         assert self._scaler is not None

@@ -324,11 +324,30 @@ def test_a_busy_instance_the_plan_drops_drains_then_goes() -> None:
     assert instance.draining and big.variant_id in worker.instances
     assert sim.refuses(worker, big.variant_id)  # the worker's 503 instance_draining
     seen = [i.variant_id for state in sim.worker_states() for i in state.instances]
-    assert big.variant_id not in seen and small.variant_id in seen
+    assert big.variant_id not in seen and small.variant_id not in seen  # small: still loading
     sim.run(FixedVariant("idle", {}, POOLS, {}, static=True), iter([]))  # let its queue finish
     assert big.variant_id not in worker.instances
+    assert small.variant_id in [i.variant_id for state in sim.worker_states() for i in state.instances]
     # Its slot went to another variant (reserve): a query for it is still refused for a while.
     assert worker.refused_until[big.variant_id] > 0
+
+
+def test_an_instance_still_loading_is_not_shown_until_loaded() -> None:
+    # The worker shows an instance once its load is done (_show_if_loaded): selection sent
+    # queries behind a second's load while the simulator showed it Active from the start.
+    profiles = zoo()
+    gpu = by_id(profiles, "big", "gpu")  # a 1 s load
+    sim = Simulation(profiles, POOLS, CONFIG, duration_s=5.0)
+    worker = sim.add_worker(POOLS["gpu"], ready_in_s=0.0)
+    free = next(s for s in sim.worker_states() if s.worker_id == worker.id).free_slots
+    instance = sim.load(worker, gpu)
+    assert instance.ready_at == pytest.approx(1.0)
+    state = next(s for s in sim.worker_states() if s.worker_id == worker.id)
+    assert gpu.variant_id not in [i.variant_id for i in state.instances]
+    assert state.free_slots == free  # as the worker reports it: its monitor counts loaded ones
+    sim.run(FixedVariant("idle", {}, POOLS, {}, static=True), iter([]))  # past the load's end
+    shown = next(s for s in sim.worker_states() if s.worker_id == worker.id)
+    assert [i.state for i in shown.instances if i.variant_id == gpu.variant_id] == [InstanceState.ACTIVE]
 
 
 def test_a_batch_never_outgrows_the_tightest_deadline_it_takes() -> None:
