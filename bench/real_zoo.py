@@ -169,7 +169,8 @@ def build_models(
     process, so that torch is never imported by a benchmark's process."""
     from infra.zoo import real
 
-    zoo_root = root or real.ZOO_ROOT
+    # Absolute: the child runs in the repository's root, this process wherever it was started.
+    zoo_root = (root or real.ZOO_ROOT).resolve()
     wanted = list(names) if names is not None else [entry.name for entry in real.ZOO]
     command = [sys.executable, "-m", "infra.zoo.real", "--root", str(zoo_root)]
     if names is not None:
@@ -350,8 +351,13 @@ def real_zoo(
 ) -> RealZoo:
     """The registered zoo: each model from the cache when its entry still matches, else
     registered now (one at a time) and cached. ``built``: the models to register (tests' stand-ins);
-    by default the zoo's, built first where missing (``names``, or the quick pair)."""
-    models = list(built) if built is not None else build_models(zoo_names(quick, names), log=log)
+    by default the zoo's, built first where ``state_dir``/zoo-real lacks them (``names``, or the
+    quick pair)."""
+    models = (
+        list(built)
+        if built is not None
+        else build_models(zoo_names(quick, names), root=state_dir / "zoo-real", log=log)
+    )
     directory = cache_dir(state_dir)
     directory.mkdir(parents=True, exist_ok=True)
     repository = directory / "repo"
