@@ -110,10 +110,14 @@ def awaited_groups(
         variant = by_id.get(variant_id)
         if variant is None or count <= running.get(pool, {}).get(variant_id, 0):
             continue
-        for group, q in variant.saturation_qps.items():
-            if q > 0:
-                pools.setdefault(group, set()).add(pool)
+        for group in groups_served(variant):
+            pools.setdefault(group, set()).add(pool)
     return {group: frozenset(where) for group, where in pools.items()}
+
+
+def groups_served(variant: ScalingVariant) -> list[str]:
+    """The groups an instance of ``variant`` can serve within their budgets."""
+    return [group for group, q in variant.saturation_qps.items() if q > 0]
 
 
 @dataclass(frozen=True)
@@ -465,7 +469,7 @@ class Scaler:
             current, wanted = running.get(variant_id, 0), planned.get(variant_id, 0)
             key = f"{pool}/{variant_id}"
             variant = by_id.get(variant_id)
-            served = [group for group, q in variant.saturation_qps.items() if q > 0] if variant else []
+            served = groups_served(variant) if variant is not None else []
             if wanted < current and any(awaited.get(group, frozenset()) - {pool} for group in served):
                 self._hold.start(key, now)  # the hold runs meanwhile: once handed over, it may go
                 targets[variant_id] = current
