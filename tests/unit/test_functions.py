@@ -203,6 +203,52 @@ def test_scaler_handler_ticks_every_period_within_its_scheduled_minute(
     assert len(emf[0]["SolveTime"]) == len(emf[0]["PlanCostPerHour"]) == 4
 
 
+class SettlingWarmPool:
+    """The warm pool's ``settle``, recorded: how long the handler let its rounds finish."""
+
+    def __init__(self, clock: ScalerClock, unanswered: int) -> None:
+        self.clock, self.unanswered = clock, unanswered
+        self.waited: list[tuple[float, float]] = []  # (when, timeout)
+
+    def settle(self, timeout_s: float) -> int:
+        self.waited.append((self.clock.now, timeout_s))
+        return self.unanswered
+
+
+def test_scaler_handler_lets_the_warm_pools_rounds_finish_before_lambda_freezes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from modelless.entrypoints.scaler import SETTLE_MARGIN_S
+    from modelless.scaling.ticks import ScheduledTicks
+
+    function = scaler_function(monkeypatch, "30")
+    scaler = function.scaler
+    event = json.loads((EVENTS / "scheduled.json").read_text())
+    scheduled = datetime.fromisoformat(event["time"]).timestamp()
+    clock = ScalerClock(scheduled + 0.4)
+    ticked: list[float] = []
+
+    def tick(now: float) -> dict[str, Any]:
+        ticked.append(now)
+        return {}
+
+    warm_pool = SettlingWarmPool(clock, unanswered=1)
+    monkeypatch.setattr(scaler, "warm_pool", warm_pool)
+    monkeypatch.setattr(
+        scaler, "ticks", ScheduledTicks(tick, scaler.store, period_s=30.0, clock=clock, sleep=clock.sleep)
+    )
+    context = ScalerContext(clock)
+
+    summary = function.handler(event, context)
+
+    assert len(ticked) == 2
+    # Once, after the last tick, with what the invocation has left less the margin for returning.
+    ((when, timeout),) = warm_pool.waited
+    assert when == clock.now >= ticked[-1]
+    assert timeout == pytest.approx(context.get_remaining_time_in_millis() / 1000 - SETTLE_MARGIN_S, abs=1e-3)
+    assert summary["warm_rounds_unsettled"] == 1
+
+
 @pytest.mark.parametrize(
     ("period", "message"),
     [("soon", "MODELLESS_SCALER_PERIOD_S must be a number of seconds"), ("90", "at most 60 s")],

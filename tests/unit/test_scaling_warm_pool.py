@@ -212,3 +212,25 @@ def test_the_invoking_pool_warms_one_sizes_variants_in_turn_within_the_tiers_con
     finally:
         tier.release.set()
         pool.close()
+
+
+def test_settle_waits_for_the_rounds_in_flight_and_says_how_many_are_not_answered(
+    store: InMemoryMetadataStore,  # noqa: F811
+) -> None:
+    # The scaling function calls it before Lambda freezes its container (a frozen round would
+    # send its warm-ups only once thawed).
+    fast, other = profile("fast", "lambda-cpu", 2.0), profile("other", "lambda-cpu", 2.0)
+    other = VariantProfile(**{**other.__dict__, "memory_mb": fast.memory_mb * 2})  # a round of its own
+    tier = BlockingLambda()
+    pool = InvokingWarmPool(tier, store, clock=lambda: 0.0)
+    try:
+        assert pool.settle(0.0) == 0  # nothing in flight
+        pool.keep_warm({fast.variant_id: 2, other.variant_id: 1}, {p.variant_id: p for p in (fast, other)})
+        settle(tier, 3)
+        assert pool.settle(0.05) == 2  # both rounds wait on their invocations
+        tier.release.set()
+        assert pool.settle(10.0) == 0
+        assert len(tier.payloads) == 3 and tier.in_flight == 0
+    finally:
+        tier.release.set()
+        pool.close()

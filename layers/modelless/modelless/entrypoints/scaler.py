@@ -42,6 +42,11 @@ metrics = Metrics(namespace="Modelless", service="scaler")
 tracer = Tracer(service="scaler", patch_modules=("botocore", "httpx"))
 
 
+# Kept back from the invocation's remaining time when waiting for the warm pool's rounds: the
+# handler's own return (its logs and metrics) must still fit.
+SETTLE_MARGIN_S = 2.0
+
+
 class ScalerFunction:
     """One container: the store's connection pool, the boto3 client and the HTTP client to the
     workers, reused by every warm invocation, and the scaler, whose hold timers run on."""
@@ -104,12 +109,22 @@ class ScalerFunction:
         window = self.ticks.run(
             scheduled_at(event), context.get_remaining_time_in_millis, context.aws_request_id
         )
+        # Lambda freezes the container once the handler returns: the warm-ups the last ticks
+        # started are sent now, not a minute later when it thaws.
+        unsettled = 0
+        if self.warm_pool is not None:
+            unsettled = self.warm_pool.settle(context.get_remaining_time_in_millis() / 1000 - SETTLE_MARGIN_S)
+            if unsettled:
+                logger.warning(
+                    "keep-warm rounds still in flight at the invocation's end", extra={"rounds": unsettled}
+                )
         outcome = {
             "ticks": len(window.results),
             "skipped": window.skipped,
             "failed": window.failed,
             "stopped": window.stopped,
             "period_s": self.ticks.period_s,
+            "warm_rounds_unsettled": unsettled,
         }
         metrics.add_metric(name="ScalingTicks", unit=MetricUnit.Count, value=len(window.results))
         metrics.add_metric(name="ScalingTicksFailed", unit=MetricUnit.Count, value=window.failed)

@@ -10,8 +10,10 @@ next round's invocations then find the same containers idle (Lambda hands the wa
 container first) and load their variant beside the last, so that every container holds them all.
 A variant is warmed again every ``refresh_s`` (well within the time an idle container is kept)
 and at once when a tick asks for more. The rounds run in the background: a tick never waits for
-them. Provisioned concurrency, where a deployment pays for it, keeps the containers warm without
-them.
+them. On Lambda the scaler's container is frozen between invocations, and a thread frozen
+mid-round would send its warm-ups only once thawed (a minute later, or never): the scaling function
+waits for the rounds in flight (``settle``) before it returns. Provisioned concurrency, where a
+deployment pays for it, keeps the containers warm without them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from aws_lambda_powertools import Logger
@@ -63,6 +65,7 @@ class InvokingWarmPool:
         self._clock = clock
         self._warmed: dict[str, tuple[float, int]] = {}  # variant -> (when, containers) last warmed
         self._rounds = ThreadPoolExecutor(4, thread_name_prefix="keep-warm-rounds")
+        self._in_flight: set[Future[None]] = set()  # rounds submitted and not yet answered
         self._invocations = ThreadPoolExecutor(MAX_CONCURRENT_WARMUPS, thread_name_prefix="keep-warm")
 
     def keep_warm(self, containers: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
@@ -87,8 +90,17 @@ class InvokingWarmPool:
                 continue  # deleted since the tick read its profiles
             self._warmed[variant_id] = (now, count)
             rounds.setdefault(variant.memory_mb, []).append((variant_id, warmup_payload(variant, record)))
+        self._in_flight = {round_ for round_ in self._in_flight if not round_.done()}
         for memory, due in rounds.items():
-            self._rounds.submit(self._warm_in_turn, due, sizes[memory])
+            self._in_flight.add(self._rounds.submit(self._warm_in_turn, due, sizes[memory]))
+
+    def settle(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the rounds in flight to be answered; returns how many
+        still are not (0: all answered). A round left behind sends the rest of its warm-ups when
+        the container next runs; a variant whose warm-up fails is warmed again next tick."""
+        _, pending = wait(set(self._in_flight), timeout=max(0.0, timeout_s))
+        self._in_flight = set(pending)
+        return len(pending)
 
     def _warm_in_turn(self, due: list[tuple[str, dict[str, Any]]], count: int) -> None:
         """One memory size's variants, one round each: ``count`` invocations at once, the next
