@@ -150,6 +150,24 @@ def architectures(zoo: Zoo) -> list[Architecture]:
     ]
 
 
+def cpu_servable_architectures(zoo: Zoo) -> list[Architecture]:
+    """``architectures`` as a machine of CPUs alone can serve them (the simulator's check against
+    the live embedded stack, ``bench.sim_validation``): an architecture whose latency target no
+    CPU variant meeting its accuracy fits at batch 1 (p99) gets the cold models' target instead
+    (``cold_slo_ms``). Otherwise its every query would be refused, live and simulated alike (no
+    variant meets the targets), and the check would compare nothing of its latencies."""
+    by_model = zoo.by_model()
+    servable: list[Architecture] = []
+    for architecture in architectures(zoo):
+        profiles = by_model[architecture.model]
+        floor = accuracy_target(profiles)
+        fastest = min(p.latency_ms(1) for p in profiles if p.pool == "cpu" and p.accuracy >= floor)
+        if fastest > architecture.slo_ms:
+            architecture = _architecture(zoo, architecture.model, cold_slo_ms(profiles))
+        servable.append(architecture)
+    return servable
+
+
 def pattern_architectures(zoo: Zoo) -> list[Architecture]:
     """INFaaS §6.2's patterns: the heavy model alone, named, with ``pattern_slo_ms``."""
     return [_architecture(zoo, zoo.heavy, pattern_slo_ms(zoo))]

@@ -37,6 +37,7 @@ from bench.sim_profiles import (
     POPULAR_SLO_MS,
     Zoo,
     architectures,
+    cpu_servable_architectures,
     pattern_architectures,
     pattern_slo_ms,
 )
@@ -127,6 +128,27 @@ def test_a_cold_model_slower_than_the_floor_gets_one_and_a_half_times_its_latenc
     ]
     found = {a.model: a for a in architectures(replace(zoo, profiles=slow))}
     assert found["mobilenetv3_small_100"].slo_ms == pytest.approx(60.0)
+
+
+def test_the_validation_gives_a_model_no_cpu_can_serve_in_time_the_cold_target() -> None:
+    # The simulator's check runs on CPUs alone: a popular model whose accurate CPU variants miss
+    # 50 ms would be refused throughout, live and simulated alike.
+    zoo = hand_built_zoo()
+    usual = {a.model: a for a in architectures(zoo)}
+    servable = {a.model: a for a in cpu_servable_architectures(zoo)}
+    assert [a.model for a in cpu_servable_architectures(zoo)] == list(POPULARITY)
+    assert usual[HEAVY].slo_ms == POPULAR_SLO_MS < 1.05 * SPEED[HEAVY]
+    assert (
+        servable[HEAVY].slo_ms
+        == servable[HEAVY].targets.latency_ms
+        == pytest.approx(1.5 * 1.05 * SPEED[HEAVY])
+    )
+    assert servable[HEAVY].targets.min_accuracy == usual[HEAVY].targets.min_accuracy
+    assert servable[HEAVY].targets.model_name == HEAVY
+    # The others, which a CPU serves within their targets, keep them.
+    for model in POPULARITY:
+        if 1.05 * SPEED[model] <= usual[model].slo_ms:
+            assert servable[model] == usual[model]
 
 
 def second_trace(path: Path) -> Path:
