@@ -153,6 +153,13 @@ def scaler_function(monkeypatch: pytest.MonkeyPatch, period: str) -> ModuleType:
     return fresh_import("functions.scaler.app")
 
 
+def scheduled_invocation() -> tuple[dict[str, Any], float, ScalerClock]:
+    """EventBridge's scheduled event, when it was scheduled, and a clock 0.4 s after that."""
+    event: dict[str, Any] = json.loads((EVENTS / "scheduled.json").read_text())
+    scheduled = datetime.fromisoformat(event["time"]).timestamp()
+    return event, scheduled, ScalerClock(scheduled + 0.4)
+
+
 def test_scaler_handler_ticks_every_period_within_its_scheduled_minute(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -161,9 +168,7 @@ def test_scaler_handler_ticks_every_period_within_its_scheduled_minute(
     monkeypatch.setenv("POWERTOOLS_METRICS_DISABLED", "false")
     function = scaler_function(monkeypatch, "15")
     scaler = function.scaler  # the container's: its store, its ticks
-    event = json.loads((EVENTS / "scheduled.json").read_text())
-    scheduled = datetime.fromisoformat(event["time"]).timestamp()
-    clock = ScalerClock(scheduled + 0.4)
+    event, scheduled, clock = scheduled_invocation()
     ticked: list[float] = []
 
     def tick(now: float) -> dict[str, Any]:
@@ -223,9 +228,7 @@ def test_scaler_handler_lets_the_warm_pools_rounds_finish_before_lambda_freezes_
 
     function = scaler_function(monkeypatch, "30")
     scaler = function.scaler
-    event = json.loads((EVENTS / "scheduled.json").read_text())
-    scheduled = datetime.fromisoformat(event["time"]).timestamp()
-    clock = ScalerClock(scheduled + 0.4)
+    event, _, clock = scheduled_invocation()
     ticked: list[float] = []
 
     def tick(now: float) -> dict[str, Any]:
