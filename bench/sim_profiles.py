@@ -114,13 +114,17 @@ def accuracy_target(profiles: Sequence[VariantProfile]) -> float:
     return math.floor(round(developer_cpu_variant(profiles).accuracy * 100, 6)) / 100
 
 
-def cold_slo_ms(profiles: Sequence[VariantProfile]) -> float:
-    """INFaaS §6.1's target for a cold model: 1.5x the profiled latency (p99, batch 1) of its
-    fastest CPU variant among those meeting its accuracy target, at least ``COLD_FLOOR_MS``."""
+def fastest_accurate_cpu_ms(profiles: Sequence[VariantProfile]) -> float:
+    """The profiled latency (p99, batch 1) of the model's fastest CPU variant among those meeting
+    its accuracy target."""
     floor = accuracy_target(profiles)
-    eligible = [p for p in profiles if p.pool == "cpu" and p.accuracy >= floor]
-    fastest = min(p.latency_ms(1) for p in eligible)
-    return max(COLD_FLOOR_MS, round(COLD_SLO_FACTOR * fastest, 3))
+    return min(p.latency_ms(1) for p in profiles if p.pool == "cpu" and p.accuracy >= floor)
+
+
+def cold_slo_ms(profiles: Sequence[VariantProfile]) -> float:
+    """INFaaS §6.1's target for a cold model: 1.5x ``fastest_accurate_cpu_ms``, at least
+    ``COLD_FLOOR_MS``."""
+    return max(COLD_FLOOR_MS, round(COLD_SLO_FACTOR * fastest_accurate_cpu_ms(profiles), 3))
 
 
 def pattern_slo_ms(zoo: Zoo) -> float:
@@ -160,9 +164,7 @@ def cpu_servable_architectures(zoo: Zoo) -> list[Architecture]:
     servable: list[Architecture] = []
     for architecture in architectures(zoo):
         profiles = by_model[architecture.model]
-        floor = accuracy_target(profiles)
-        fastest = min(p.latency_ms(1) for p in profiles if p.pool == "cpu" and p.accuracy >= floor)
-        if fastest > architecture.slo_ms:
+        if fastest_accurate_cpu_ms(profiles) > architecture.slo_ms:
             architecture = _architecture(zoo, architecture.model, cold_slo_ms(profiles))
         servable.append(architecture)
     return servable

@@ -7,6 +7,7 @@ import io
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -220,7 +221,7 @@ def test_settle_waits_for_the_rounds_in_flight_and_says_how_many_are_not_answere
     # The scaling function calls it before Lambda freezes its container (a frozen round would
     # send its warm-ups only once thawed).
     fast, other = profile("fast", "lambda-cpu", 2.0), profile("other", "lambda-cpu", 2.0)
-    other = VariantProfile(**{**other.__dict__, "memory_mb": fast.memory_mb * 2})  # a round of its own
+    other = replace(other, memory_mb=fast.memory_mb * 2)  # a round of its own
     tier = BlockingLambda()
     pool = InvokingWarmPool(tier, store, clock=lambda: 0.0)
     try:
