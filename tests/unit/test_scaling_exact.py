@@ -5,6 +5,8 @@ patterns the duals keep. Pure: no network, no store, no clock."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -102,6 +104,64 @@ def test_a_dominated_variant_is_kept_where_the_one_it_loses_to_cannot_carry_the_
     assert plan.workers == {"pool": 1}
     assert plan.unmet_qps == {}
     assert violations(problem, plan) == []
+
+
+def usable_by_definition(problem: ScalingProblem) -> list[int]:
+    """``usable_variants`` as its docstring words it, pair by pair: the reference for its numpy."""
+    needs = {group.id: problem.need(group) for group in problem.groups}
+    active = {
+        vi: {g: q for g, q in variant.saturation_qps.items() if q > 0 and needs[g] > 1e-6}
+        for vi, variant in enumerate(problem.variants)
+    }
+    candidates = [vi for vi, v in enumerate(problem.variants) if problem.per_worker(v) > 0 and active[vi]]
+
+    def dominates(ui: int, vi: int) -> bool:
+        u, v = problem.variants[ui], problem.variants[vi]
+        carries = sum(needs[g] / q for g, q in active[ui].items()) <= 1.0 + 1e-9
+        return (
+            problem.load_cost(u) <= problem.load_cost(v)
+            and ((u.max_per_worker is None and v.max_per_worker is None) or carries)
+            and all(u.demand.get(r, 0.0) <= v.demand.get(r, 0.0) for r in {*u.demand, *v.demand})
+            and all(active[ui].get(g, 0.0) >= q for g, q in active[vi].items())
+        )
+
+    def lost(vi: int) -> bool:
+        variant = problem.variants[vi]
+        first = next(iter(active[vi]))
+        rivals = [ui for ui in candidates if ui != vi and problem.variants[ui].pool == variant.pool]
+        return variant.running == 0 and any(
+            first in active[ui] and dominates(ui, vi) and (ui < vi or not dominates(vi, ui)) for ui in rivals
+        )
+
+    return [vi for vi in candidates if not lost(vi)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_usable_variants_are_those_no_other_dominates_by_definition(seed: int) -> None:
+    # Random shapes the catalog's problems do not have: twins, copies limits, running variants,
+    # resources only some variants name, groups without load, variants serving several groups.
+    rng = np.random.default_rng(seed)
+    groups = [ScalingGroup(f"g{i}", float(rng.choice([0.0, 5.0, 40.0, 400.0])), 50.0) for i in range(4)]
+    pools = [ScalingPool(f"p{i}", 1.0, {VCPU: 4.0, "memory_mb": 8000.0}) for i in range(2)]
+    variants = []
+    for i in range(int(rng.integers(2, 14))):
+        served = rng.choice(4, size=int(rng.integers(1, 4)), replace=False)
+        rates = {f"g{g}": float(rng.choice([0.0, 50.0, 100.0, 150.0])) for g in served}
+        demand = {VCPU: float(rng.choice([1.0, 2.0, 5.0]))}
+        if rng.random() < 0.5:
+            demand["memory_mb"] = float(rng.choice([500.0, 1000.0]))
+        variants.append(
+            ScalingVariant(
+                f"v{i}", f"p{rng.integers(2)}", rates, demand,
+                load_time_ms=float(rng.choice([100.0, 200.0])),
+                running=int(rng.random() < 0.2),
+                max_per_worker=1 if rng.random() < 0.3 else None,
+            )
+        )  # fmt: skip
+        if rng.random() < 0.2:  # a twin: of identical variants the first stays
+            variants.append(replace(variants[-1], id=f"v{i}-twin"))
+    problem = ScalingProblem(variants, pools, groups, load_cost_weight=0.01)
+    assert usable_variants(problem) == usable_by_definition(problem)
 
 
 def three_large_instances(max_workers: int | None, lambda_price: float | None) -> ScalingProblem:

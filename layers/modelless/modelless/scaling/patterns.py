@@ -67,107 +67,138 @@ def usable_variants(problem: ScalingProblem, deadline: Deadline | None = None) -
     ``u`` can carry the whole need of every group ``u`` serves (then every worker that holds
     ``v`` can hold ``u`` instead, and one ``u`` then takes the load of all of them).
     """
-    needs = {g.id: problem.need(g) for g in problem.groups}
+    groups = problem.groups
+    loaded = {g.id: gi for gi, g in enumerate(groups) if problem.need(g) > EPS}
+    pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
+    # One scan of the variants (the only per-variant Python loop) into flat columns: per
+    # candidate its groups with load and their rates, its demand, its load cost and flags.
     candidates: list[int] = []
-    serving: dict[tuple[str, str], list[int]] = {}  # (pool, group) -> variants serving it
-    active: dict[int, dict[str, float]] = {}
-    for vi, variant in enumerate(problem.variants):
-        if deadline is not None and vi % CHECK_EVERY == 0:
-            deadline.check()
-        groups = {g: q for g, q in variant.saturation_qps.items() if q > 0 and needs[g] > EPS}
-        if problem.per_worker(variant) == 0 or not groups:
-            continue
-        candidates.append(vi)
-        active[vi] = groups
-        for group_id in groups:
-            serving.setdefault((variant.pool, group_id), []).append(vi)
-
-    load_cost: dict[int, float] = {}
-    carries_all: dict[int, bool] = {}
-    for position, vi in enumerate(candidates):
-        if deadline is not None and position % CHECK_EVERY == 0:
-            deadline.check()
-        load_cost[vi] = problem.load_cost(problem.variants[vi])
-        carries_all[vi] = sum(needs[g] / q for g, q in active[vi].items()) <= 1.0 + 1e-9
-
-    # The keys whose dominance decides something: (pool, first group) of a variant not running.
-    keys: dict[tuple[str, str], None] = {}
-    for vi in candidates:
-        variant = problem.variants[vi]
-        if variant.running == 0:
-            keys[(variant.pool, next(iter(active[vi])))] = None
-    lost: dict[int, bool] = {}
-    small = [key for key in keys if len(serving[key]) <= BATCHED_MEMBERS]
-    for start in range(0, len(small), BATCH_KEYS):
+    serving: dict[tuple[int, int], list[int]] = {}  # (pool, group) -> candidates serving it
+    keys: dict[tuple[int, int], None] = {}  # (pool, first group) of a candidate not running
+    served_groups: list[int] = []
+    served_rates: list[float] = []
+    served_counts: list[int] = []
+    resources: list[str] = []
+    amounts: list[float] = []
+    resource_counts: list[int] = []
+    costs: list[float] = []
+    limited: list[bool] = []
+    idle: list[bool] = []
+    for start in range(0, len(problem.variants), CHECK_EVERY):
         if deadline is not None:
             deadline.check()
-        batch = small[start : start + BATCH_KEYS]
-        for key, beaten in zip(
-            batch,
-            _dominated([serving[k] for k in batch], problem, active, load_cost, carries_all),
-            strict=True,
-        ):
-            for vi, gone in zip(serving[key], beaten, strict=True):
-                if problem.variants[vi].running == 0 and next(iter(active[vi])) == key[1]:
-                    lost[vi] = gone
+        facts = problem.remember_facts(start, start + CHECK_EVERY)
+        for offset, (variant, _, copies, load_cost) in enumerate(facts):
+            served = [(loaded[g], q) for g, q in variant.saturation_qps.items() if q > 0 and g in loaded]
+            if copies == 0 or not served:
+                continue
+            position = len(candidates)
+            candidates.append(start + offset)
+            pi = pool_index[variant.pool]
+            for gi, q in served:
+                serving.setdefault((pi, gi), []).append(position)
+                served_groups.append(gi)
+                served_rates.append(q)
+            served_counts.append(len(served))
+            if variant.running == 0:
+                keys[(pi, served[0][0])] = None
+            resources.extend(variant.demand)
+            amounts.extend(variant.demand.values())
+            resource_counts.append(len(variant.demand))
+            costs.append(load_cost)
+            limited.append(variant.max_per_worker is not None)
+            idle.append(variant.running == 0)
+    if deadline is not None:
+        deadline.check()
+    columns = (served_groups, served_rates, served_counts)
+    table = _CandidateTable(problem, columns, (resources, amounts, resource_counts), costs, limited)
+    lost = np.zeros(len(candidates), dtype=bool)
+    idle_now = np.asarray(idle, dtype=bool)
+    by_width: dict[int, list[tuple[int, int]]] = {}
     for key in keys:
-        if len(serving[key]) > BATCHED_MEMBERS:
+        by_width.setdefault(len(serving[key]), []).append(key)
+    for width, same_width in by_width.items():
+        per_chunk = max(1, DOMINANCE_CELLS // (width * width * table.depth * table.depth))
+        for begin in range(0, len(same_width), per_chunk):
             if deadline is not None:
                 deadline.check()
-            (beaten,) = _dominated([serving[key]], problem, active, load_cost, carries_all)
-            for vi, gone in zip(serving[key], beaten, strict=True):
-                if problem.variants[vi].running == 0 and next(iter(active[vi])) == key[1]:
-                    lost[vi] = gone
-    return [vi for vi in candidates if not lost.get(vi, False)]
+            chunk = same_width[begin : begin + per_chunk]
+            members = np.array([serving[key] for key in chunk], dtype=np.int64)
+            first_group = np.array([key[1] for key in chunk], dtype=np.int64)
+            gone = table.dominated(members)
+            # A candidate is decided in its own key: (its pool, its first group), and only idle.
+            own = (table.first_group[members] == first_group[:, None]) & idle_now[members]
+            lost[members[gone & own]] = True
+    return [vi for vi, dropped in zip(candidates, lost.tolist(), strict=True) if not dropped]
 
 
-BATCHED_MEMBERS = 32  # keys with more members than this get a matrix of their own
-BATCH_KEYS = 2048  # keys per batched matrix
+# Cells (keys x members x members x group slots x group slots) per dominance chunk: memory bound.
+DOMINANCE_CELLS = 1 << 22
 
 
-def _dominated(
-    member_lists: Sequence[list[int]],
-    problem: ScalingProblem,
-    active: Mapping[int, Mapping[str, float]],
-    load_cost: Mapping[int, float],
-    carries_all: Mapping[int, bool],
-) -> list[Any]:
-    """Per list of members (the variants of one pool serving one group), which of them another
-    member dominates (``usable_variants``): all lists at once, padded to the longest, in numpy.
-    ``beats[k, i, j]``: member i of list k dominates member j; of identical ones the first stays."""
-    count = len(member_lists)
-    width = max(len(members) for members in member_lists)
-    resources = sorted({r for members in member_lists for vi in members for r in problem.variants[vi].demand})
-    column = {r: i for i, r in enumerate(resources)}
-    group_lists = [sorted({g for vi in members for g in active[vi]}) for members in member_lists]
-    depth = max(len(groups) for groups in group_lists)
-    demand = np.full((count, width, len(resources)), np.inf)
-    speed = np.zeros((count, width, depth))
-    cost = np.full((count, width), np.inf)
-    limited = np.ones((count, width), dtype=bool)
-    carries = np.zeros((count, width), dtype=bool)
-    for k, (members, groups) in enumerate(zip(member_lists, group_lists, strict=True)):
-        place = {g: i for i, g in enumerate(groups)}
-        for i, vi in enumerate(members):
-            variant = problem.variants[vi]
-            demand[k, i, :] = 0.0
-            for resource, amount in variant.demand.items():
-                demand[k, i, column[resource]] = amount
-            for group_id, q in active[vi].items():
-                speed[k, i, place[group_id]] = q
-            cost[k, i] = load_cost[vi]
-            limited[k, i] = variant.max_per_worker is not None
-            carries[k, i] = carries_all[vi]
-    beats = (cost[:, :, None] <= cost[:, None, :]) & (
-        (~limited[:, :, None] & ~limited[:, None, :]) | carries[:, :, None]
-    )
-    beats &= np.all(demand[:, :, None, :] <= demand[:, None, :, :], axis=3)
-    beats &= np.all(speed[:, :, None, :] >= speed[:, None, :, :], axis=3)
-    index = np.arange(width)
-    beats[:, index, index] = False
-    earlier = index[:, None] < index[None, :]
-    gone: Any = (beats & (earlier[None, :, :] | ~np.transpose(beats, (0, 2, 1)))).any(axis=1)
-    return [gone[k, : len(members)] for k, members in enumerate(member_lists)]
+def _ragged(counts: Sequence[int]) -> tuple[Any, Any]:
+    """Row and slot of each entry of a flat column whose rows hold ``counts`` entries."""
+    sizes = np.asarray(counts, dtype=np.int64)
+    rows = np.repeat(np.arange(sizes.size), sizes)
+    starts = np.cumsum(sizes) - sizes
+    return rows, np.arange(rows.size) - np.repeat(starts, sizes)
+
+
+class _CandidateTable:
+    """The candidates of :func:`usable_variants` as arrays, for their dominance in numpy: per
+    candidate its groups and rates (padded slots: group -1, rate 0), its demand per resource
+    (0 where it names none), its load cost, whether it has a ``max_per_worker``, and whether one
+    instance carries the whole need of every group it serves."""
+
+    def __init__(
+        self,
+        problem: ScalingProblem,
+        served: tuple[Sequence[int], Sequence[float], Sequence[int]],
+        demand: tuple[Sequence[str], Sequence[float], Sequence[int]],
+        costs: Sequence[float],
+        limited: Sequence[bool],
+    ) -> None:
+        served_groups, served_rates, served_counts = served
+        count = len(served_counts)
+        self.depth = max(served_counts, default=1)
+        rows, slots = _ragged(served_counts)
+        group_of = np.asarray(served_groups, dtype=np.int64)
+        rate_of = np.asarray(served_rates, dtype=float)
+        self.group = np.full((count, self.depth), -1, dtype=np.int64)
+        self.group[rows, slots] = group_of
+        self.rate = np.zeros((count, self.depth))
+        self.rate[rows, slots] = rate_of
+        self.first_group = self.group[:, 0]
+        needs = np.array([problem.need(g) for g in problem.groups], dtype=float)
+        time_used = np.bincount(rows, weights=needs[group_of] / rate_of, minlength=count)
+        self.carries = time_used <= 1.0 + 1e-9
+        names, amounts, counts = demand
+        column: dict[str, int] = {}
+        columns = [column.setdefault(name, len(column)) for name in names]
+        self.demand = np.zeros((count, max(1, len(column))))
+        self.demand[_ragged(counts)[0], columns] = amounts
+        self.cost = np.asarray(costs, dtype=float)
+        self.limited = np.asarray(limited, dtype=bool)
+
+    def dominated(self, members: Any) -> Any:
+        """``members[k]``: candidates of one pool serving one group. Which of them another member
+        dominates (``usable_variants``); of identical ones the first stays. ``beats[k, i, j]``:
+        member i of list k dominates member j."""
+        cost, limited, carries = self.cost[members], self.limited[members], self.carries[members]
+        demand, group, rate = self.demand[members], self.group[members], self.rate[members]
+        beats = (cost[:, :, None] <= cost[:, None, :]) & (
+            (~limited[:, :, None] & ~limited[:, None, :]) | carries[:, :, None]
+        )
+        beats &= np.all(demand[:, :, None, :] <= demand[:, None, :, :], axis=3)
+        # i's rate at each of j's groups (0 where i does not serve it), against j's own.
+        same = (group[:, :, None, :, None] == group[:, None, :, None, :]) & (group[:, None, :, None, :] >= 0)
+        rate_at = (same * rate[:, :, None, :, None]).sum(axis=3)
+        beats &= np.all(rate_at >= rate[:, None, :, :], axis=3)
+        width = members.shape[1]
+        index = np.arange(width)
+        beats[:, index, index] = False
+        earlier = index[:, None] < index[None, :]
+        return (beats & (earlier[None, :, :] | ~np.transpose(beats, (0, 2, 1)))).any(axis=1)
 
 
 def components_of(

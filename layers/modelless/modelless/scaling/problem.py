@@ -172,17 +172,22 @@ class ScalingProblem:
         found = self._memo.get(id(variant))
         if found is not None and found[0] is variant:
             return found
-        pool = self._pools_by_name[variant.pool]
-        share = _share(pool, variant)
-        price = pool.price_per_worker_second * share
-        facts = (
-            variant,
-            price,
-            _whole_copies(share, variant.max_per_worker),
-            self.load_cost_weight * price * variant.load_time_ms / 1000.0,
-        )
+        facts = _variant_facts(self._pools_by_name[variant.pool], variant, self.load_cost_weight)
         self._memo[id(variant)] = facts
         return facts
+
+    def remember_facts(self, start: int, stop: int) -> list[tuple[ScalingVariant, float, int, float]]:
+        """The facts of ``variants[start:stop]`` (as :meth:`instance_price`, :meth:`per_worker`
+        and :meth:`load_cost` read them), kept for those methods: one tight scan, for a solver
+        that reads every variant (callers slice it to look at their deadline between slices)."""
+        memo, pools, weight = self._memo, self._pools_by_name, self.load_cost_weight
+        found: list[tuple[ScalingVariant, float, int, float]] = []
+        for variant in self.variants[start:stop]:
+            facts = memo.get(id(variant))
+            if facts is None or facts[0] is not variant:
+                facts = memo[id(variant)] = _variant_facts(pools[variant.pool], variant, weight)
+            found.append(facts)
+        return found
 
     def pool(self, name: str) -> ScalingPool:
         return self._pools_by_name[name]
@@ -221,6 +226,16 @@ class ScalingProblem:
         """Copies of ``variant`` a worker's resources hold counted fractionally (inf: no demand)."""
         share = _share(self.pool(variant.pool), variant)
         return math.inf if share == 0 else 1.0 / share
+
+
+def _variant_facts(
+    pool: ScalingPool, variant: ScalingVariant, load_cost_weight: float
+) -> tuple[ScalingVariant, float, int, float]:
+    """(variant, instance price, whole copies per worker, load cost): what the solvers ask."""
+    share = _share(pool, variant)
+    price = pool.price_per_worker_second * share
+    copies = _whole_copies(share, variant.max_per_worker)
+    return (variant, price, copies, load_cost_weight * price * variant.load_time_ms / 1000.0)
 
 
 def _share(pool: ScalingPool, variant: ScalingVariant) -> float:
