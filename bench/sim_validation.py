@@ -427,20 +427,27 @@ class Comparison:
         return 100 * (self.simulated_attainment - self.measured_attainment)
 
 
-def compare(live: LiveRun, sims: Sequence[Simulation]) -> list[Comparison]:
-    """One comparison per simulated repeat, all against the one live run."""
+def live_figures(live: LiveRun) -> tuple[list[LiveQuery], float, float]:
+    """The compared phase's queries, their p99 (of the answered ones' budgeted latency) and SLO
+    attainment (a refused or failed query violates it)."""
     kept = [q for q in live.queries if q.at >= live.phases.compared_from]
     answered = [q.budgeted_ms for q in kept if q.budgeted_ms is not None]
     met = sum(1 for q in kept if q.budgeted_ms is not None and q.budgeted_ms <= q.slo_ms)
+    return kept, percentile_of(answered, 99), met / len(kept) if kept else float("nan")
+
+
+def compare(live: LiveRun, sims: Sequence[Simulation]) -> list[Comparison]:
+    """One comparison per simulated repeat, all against the one live run."""
+    kept, p99_ms, attainment = live_figures(live)
     gateway = [q.gateway_ms for q in kept if q.gateway_ms is not None]
     out = []
     for sim in sims:
         result = sim._result("modelless")
         out.append(
             Comparison(
-                measured_p99_ms=percentile_of(answered, 99),
+                measured_p99_ms=p99_ms,
                 simulated_p99_ms=result.p99_ms,
-                measured_attainment=met / len(kept) if kept else float("nan"),
+                measured_attainment=attainment,
                 simulated_attainment=1 - result.violation_ratio,
                 measured_queries=len(kept),
                 simulated_queries=result.queries,
@@ -468,6 +475,8 @@ P99_TOLERANCE = 0.15
 ATTAINMENT_TOLERANCE_POINTS = 1.0
 DEFAULT_SEEDS = (1, 2)
 DEFAULT_SIM_REPEATS = 10  # cheap (about a second each), and the simulator's own spread is wide
+# Live runs per seed: the second measures the live stack against itself (its noise on this machine).
+DEFAULT_LIVE_REPEATS = 2
 # Per seed: 30 s for the stack to settle (its workers' first placements, the Lambda tier's first
 # containers: their starts and model loads take the cores, and a calibration measured over them
 # slowed the simulator's inference by more than the compared phase saw), a minute whose replies
@@ -715,8 +724,30 @@ def diagnose(
     return out
 
 
-def live_path(state_dir: Path, seed: int) -> Path:
-    return state_dir / "bench" / PART / f"live-seed-{seed}.json"
+def live_path(state_dir: Path, seed: int, repeat: int = 0) -> Path:
+    """Where a seed's live run is saved (``repeat`` > 0: the same arrivals run live again)."""
+    suffix = f"-again-{repeat}" if repeat else ""
+    return state_dir / "bench" / PART / f"live-seed-{seed}{suffix}.json"
+
+
+def live_against_live(first: LiveRun, again: LiveRun, repeat: int) -> dict[str, Any]:
+    """The same arrivals run live twice: how far the second run's p99 and SLO attainment are from
+    the first's. The live stack's own run-to-run noise on this machine (its speed drifts, its
+    neighbours come and go), the floor under any simulator's agreement with one live run."""
+    _, p99_ms, attainment = live_figures(first)
+    _, again_p99_ms, again_attainment = live_figures(again)
+    return {
+        "repeat": repeat,
+        "live_p99_ms": p99_ms,
+        "again_p99_ms": again_p99_ms,
+        "p99_difference": again_p99_ms / p99_ms - 1 if p99_ms else float("nan"),
+        "live_attainment_pct": 100 * attainment,
+        "again_attainment_pct": 100 * again_attainment,
+        "attainment_difference_points": 100 * (again_attainment - attainment),
+        "again_on_lambda": sum(
+            1 for q in again.queries if q.at >= again.phases.compared_from and q.tier == "lambda"
+        ),
+    }
 
 
 def save_live(path: Path, zoo: Zoo, live: LiveRun, window: TraceWindow, ran_on: str, live_s: float) -> None:
@@ -785,9 +816,12 @@ def validate_seed(
     state_dir: Path,
     sim_repeats: int,
     reuse_live: bool,
+    live_repeats: int = 1,
 ) -> dict[str, Any]:
     """One seed: its trace window, live (or the saved live run), then simulated ``sim_repeats``
-    times with isolated profiles and host-calibrated; the verdicts and the diagnosis."""
+    times with isolated profiles and host-calibrated; the verdicts and the diagnosis. With
+    ``live_repeats`` > 1, the same arrivals run live again that many times less one, each set
+    against the first (``live_against_live``): the simulations are judged against the first."""
     window = trace_window(offsets, phases.rate_qps, phases.total_s, seed)
     schedule = trace_schedule(window, mix, seed)
     saved = live_path(state_dir, seed)
@@ -805,6 +839,30 @@ def validate_seed(
         live = run_live(zoo, mix, schedule, phases, state_dir)
         live_s = time.perf_counter() - started
         save_live(saved, zoo, live, window, ran_on, live_s)
+    repeats = []
+    for repeat in range(1, live_repeats):
+        again_path = live_path(state_dir, seed, repeat)
+        if reuse_live:
+            if not again_path.exists():
+                print(f"  seed {seed}: no saved live repeat {repeat} ({again_path}): left out", flush=True)
+                continue
+            again = load_live(again_path, zoo, window, phases)[0]
+        else:
+            print(
+                f"  seed {seed}: the same arrivals live again ({repeat} of {live_repeats - 1})...", flush=True
+            )
+            started = time.perf_counter()
+            again = run_live(zoo, mix, schedule, phases, state_dir)
+            save_live(again_path, zoo, again, window, machine(), time.perf_counter() - started)
+        repeats.append(live_against_live(live, again, repeat))
+        found = repeats[-1]
+        print(
+            f"  seed {seed} live again {repeat}: p99 {found['again_p99_ms']:.2f} ms against "
+            f"{found['live_p99_ms']:.2f} ({100 * found['p99_difference']:+.1f} %); SLO attainment "
+            f"{found['again_attainment_pct']:.2f} % against {found['live_attainment_pct']:.2f} % "
+            f"({found['attainment_difference_points']:+.2f} pp)",
+            flush=True,
+        )
     calibration = calibrate(live)
     sim_seeds = [seed * 1000 + repeat for repeat in range(sim_repeats)]
     started = time.perf_counter()
@@ -847,6 +905,7 @@ def validate_seed(
         "verdicts": {kind: verdict.to_json() for kind, verdict in verdicts.items()},
         "comparisons": {kind: [c.__dict__ for c in found] for kind, found in comparisons.items()},
         "diagnosis": diagnose(live, schedule, sims),
+        "live_repeats": repeats,
     }
 
 
@@ -896,6 +955,40 @@ def verdict_table(seeds: Sequence[dict[str, Any]], kind: str) -> str:
             "difference",
             f"within {ATTAINMENT_TOLERANCE_POINTS:g} pp",
             "live within the simulated range (p99 / SLO)",
+        ],
+        rows,
+    )
+
+
+def live_repeats_table(seeds: Sequence[dict[str, Any]]) -> str:
+    rows = [
+        [
+            str(result["seed"]),
+            str(again["repeat"]),
+            f"{again['live_p99_ms']:.1f} ms",
+            f"{again['again_p99_ms']:.1f} ms",
+            _pct(again["p99_difference"]),
+            _met(abs(again["p99_difference"]) <= P99_TOLERANCE),
+            f"{again['live_attainment_pct']:.2f} %",
+            f"{again['again_attainment_pct']:.2f} %",
+            f"{again['attainment_difference_points']:+.2f} pp",
+            _met(abs(again["attainment_difference_points"]) <= ATTAINMENT_TOLERANCE_POINTS),
+        ]
+        for result in seeds
+        for again in result.get("live_repeats", [])
+    ]
+    return markdown_table(
+        [
+            "seed",
+            "run again",
+            "p99 first live run",
+            "p99 live again",
+            "difference",
+            f"within {100 * P99_TOLERANCE:g} %",
+            "SLO attainment first",
+            "again",
+            "difference",
+            f"within {ATTAINMENT_TOLERANCE_POINTS:g} pp",
         ],
         rows,
     )
@@ -1121,10 +1214,25 @@ When the violations happened:
 {chr(10).join(f"- {busiest_bins_text(r)}" for r in seeds)}
 
 The simulated figure per seed is the median over the simulator's repeats (its own draws of service
-times and hand-offs); the live run was made once per seed, so its own run-to-run noise is not in
-the tables; the ± beside the live attainment is its binomial standard error (the live run's
-own sampling noise over that many queries).
+times and hand-offs); the ± beside the live attainment is its binomial standard error (the live
+run's own sampling noise over that many queries).
+
+{repeats_text(seeds)}
 """
+
+
+def repeats_text(seeds: Sequence[dict[str, Any]]) -> str:
+    if not any(result.get("live_repeats") for result in seeds):
+        return (
+            "The live run was made once per seed, so its own run-to-run noise is not in the tables "
+            "(`--live-repeats 2` measures it)."
+        )
+    return f"""**The live stack against itself.** The same arrivals (same window, same draws, same zoo)
+were run live again on the same machine, right after the first run, and compared with the same
+figures and the same tolerances: how far one live run is from another is the floor under any
+simulator's agreement with one live run on this machine.
+
+{live_repeats_table(seeds)}"""
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -1142,6 +1250,8 @@ def command_line(args: argparse.Namespace) -> str:
         extra.append(f"--rate {args.rate:g}")
     if args.sim_repeats != DEFAULT_SIM_REPEATS:
         extra.append(f"--sim-repeats {args.sim_repeats}")
+    if args.live_repeats != DEFAULT_LIVE_REPEATS:
+        extra.append(f"--live-repeats {args.live_repeats}")
     if args.only:
         extra.append(f"--only {' '.join(args.only)}")
     if args.trace != TRACE_PATH:
@@ -1161,6 +1271,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--calibration-s", type=float, help="seconds whose replies calibrate the simulator")
     parser.add_argument("--warmup-s", type=float, help="seconds of warm-up before the calibration")
     parser.add_argument("--sim-repeats", type=int, default=DEFAULT_SIM_REPEATS)
+    parser.add_argument(
+        "--live-repeats",
+        type=int,
+        default=DEFAULT_LIVE_REPEATS,
+        help="live runs of each seed's arrivals (2 or more: the live stack against itself)",
+    )
     parser.add_argument("--rate", type=float, help="mean QPS (default: validation_rate_qps, from the zoo)")
     parser.add_argument("--trace", type=Path, default=TRACE_PATH)
     parser.add_argument("--only", nargs="+", help="these models of the real zoo only")
@@ -1178,6 +1294,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
             setattr(args, name, getattr(defaults, name))
     if args.sim_repeats < 1:
         parser.error("--sim-repeats must be at least 1")
+    if args.live_repeats < 1:
+        parser.error("--live-repeats must be at least 1")
     return args
 
 
@@ -1202,7 +1320,17 @@ def run_part(args: argparse.Namespace) -> dict[str, Any]:
         flush=True,
     )
     seeds = [
-        validate_seed(zoo, mix, offsets, phases, seed, args.state_dir, args.sim_repeats, args.reuse_live)
+        validate_seed(
+            zoo,
+            mix,
+            offsets,
+            phases,
+            seed,
+            args.state_dir,
+            args.sim_repeats,
+            args.reuse_live,
+            args.live_repeats,
+        )
         for seed in args.seeds
     ]
     data: dict[str, Any] = {
@@ -1215,6 +1343,7 @@ def run_part(args: argparse.Namespace) -> dict[str, Any]:
         "trace_span_s": offsets[-1],
         "phases": phases.__dict__,
         "sim_repeats": args.sim_repeats,
+        "live_repeats": args.live_repeats,
         "tolerances": {"p99": P99_TOLERANCE, "attainment_points": ATTAINMENT_TOLERANCE_POINTS},
         "mix": [
             {"model": a.model, "share": share, "slo_ms": a.slo_ms}

@@ -3,6 +3,8 @@ how they are compressed, the arrivals it sends, and the verdict against the targ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -14,8 +16,12 @@ from bench.sim_validation import (
     TRACE_PHASES,
     VALIDATION_LOAD,
     Comparison,
+    LiveQuery,
+    LiveRun,
+    Phases,
     command_line,
     judge,
+    live_against_live,
     parse,
     trace_schedule,
     trace_window,
@@ -132,6 +138,36 @@ def test_the_reproduce_command_names_only_what_differs_from_the_defaults() -> No
         "scripts/bench sim-validation --seeds 3 4 --duration-s 120 --only resnet18 resnet50"
     )
     assert command_line(parse(["--quick"])) == "scripts/bench sim-validation --quick"
+    assert command_line(parse(["--live-repeats", "1"])) == "scripts/bench sim-validation --live-repeats 1"
+    with pytest.raises(SystemExit):
+        parse(["--live-repeats", "0"])
+
+
+def live_run(latencies_ms: Sequence[float | None], slo_ms: float = 100.0) -> LiveRun:
+    """A live run whose compared phase (after 10 s) holds one query per latency (None: refused);
+    one earlier query, in the calibration phase, that no figure may count."""
+    phases = Phases(rate_qps=1.0, duration_s=100.0, calibration_qps=1.0, calibration_s=5.0, warmup_s=5.0)
+
+    def query(at: float, latency: float | None) -> LiveQuery:
+        status = 422 if latency is None else 200
+        return LiveQuery(at, "m", slo_ms, status, latency or 1.0, latency, latency, "worker")
+
+    compared = [query(10.0 + i, ms) for i, ms in enumerate(latencies_ms)]
+    return LiveRun([query(1.0, 10_000.0), *compared], [300.0], [250.0], phases)
+
+
+def test_the_live_run_against_itself_compares_the_compared_phase_with_the_same_figures() -> None:
+    first = live_run([50.0] * 98 + [90.0, 120.0])  # 99 of 100 within 100 ms
+    again = live_run([50.0] * 97 + [60.0, 150.0, None])  # 98 within; one late, one refused
+    found = live_against_live(first, again, repeat=1)
+    assert found["repeat"] == 1
+    assert found["live_attainment_pct"] == pytest.approx(99.0)
+    assert found["again_attainment_pct"] == pytest.approx(98.0)
+    assert found["attainment_difference_points"] == pytest.approx(-1.0)
+    assert found["live_p99_ms"] < found["again_p99_ms"]  # the refused query has no latency
+    assert found["p99_difference"] == pytest.approx(found["again_p99_ms"] / found["live_p99_ms"] - 1)
+    same = live_against_live(first, first, repeat=2)
+    assert same["p99_difference"] == 0.0 and same["attainment_difference_points"] == 0.0
 
 
 def cpu_variant(model: str, recipe: str, threads: int, p50_ms: float, accuracy: float) -> VariantProfile:
