@@ -1125,6 +1125,11 @@ def headline_lines(seeds: Sequence[dict[str, Any]]) -> list[str]:
             f"{v['simulated_attainment_pct']:.2f} vs {v['live_attainment_pct']:.2f} % "
             f"({v['attainment_difference_points']:+.2f} pp, {'within' if v['attainment_met'] else 'outside'} "
             f"{ATTAINMENT_TOLERANCE_POINTS:g} pp)"
+            + "".join(
+                f"; the same arrivals live again: p99 {_pct(again['p99_difference'])}, SLO attainment "
+                f"{again['attainment_difference_points']:+.2f} pp"
+                for again in result.get("live_repeats", [])
+            )
         )
     return lines
 
