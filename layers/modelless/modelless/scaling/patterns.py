@@ -68,7 +68,8 @@ def usable_variants(problem: ScalingProblem, deadline: Deadline | None = None) -
     ``v`` can hold ``u`` instead, and one ``u`` then takes the load of all of them).
     """
     groups = problem.groups
-    loaded = {g.id: gi for gi, g in enumerate(groups) if problem.need(g) > EPS}
+    needs = [problem.need(g) for g in groups]
+    loaded = {g.id: gi for gi, g in enumerate(groups) if needs[gi] > EPS}
     pool_index = {pool.name: pi for pi, pool in enumerate(problem.pools)}
     # One scan of the variants (the only per-variant Python loop) into flat columns: per
     # candidate its groups with load and their rates, its demand, its load cost and flags.
@@ -111,7 +112,7 @@ def usable_variants(problem: ScalingProblem, deadline: Deadline | None = None) -
     if deadline is not None:
         deadline.check()
     columns = (served_groups, served_rates, served_counts)
-    table = _CandidateTable(problem, columns, (resources, amounts, resource_counts), costs, limited)
+    table = _CandidateTable(needs, columns, (resources, amounts, resource_counts), costs, limited)
     lost = np.zeros(len(candidates), dtype=bool)
     idle_now = np.asarray(idle, dtype=bool)
     by_width: dict[int, list[tuple[int, int]]] = {}
@@ -152,7 +153,7 @@ class _CandidateTable:
 
     def __init__(
         self,
-        problem: ScalingProblem,
+        needs: Sequence[float],  # per group index: the QPS to provision for
         served: tuple[Sequence[int], Sequence[float], Sequence[int]],
         demand: tuple[Sequence[str], Sequence[float], Sequence[int]],
         costs: Sequence[float],
@@ -169,8 +170,8 @@ class _CandidateTable:
         self.rate = np.zeros((count, self.depth))
         self.rate[rows, slots] = rate_of
         self.first_group = self.group[:, 0]
-        needs = np.array([problem.need(g) for g in problem.groups], dtype=float)
-        time_used = np.bincount(rows, weights=needs[group_of] / rate_of, minlength=count)
+        need_of = np.asarray(needs, dtype=float)[group_of]
+        time_used = np.bincount(rows, weights=need_of / rate_of, minlength=count)
         self.carries = time_used <= 1.0 + 1e-9
         names, amounts, counts = demand
         column: dict[str, int] = {}

@@ -180,14 +180,7 @@ class ScalingProblem:
         """The facts of ``variants[start:stop]`` (as :meth:`instance_price`, :meth:`per_worker`
         and :meth:`load_cost` read them), kept for those methods: one tight scan, for a solver
         that reads every variant (callers slice it to look at their deadline between slices)."""
-        memo, pools, weight = self._memo, self._pools_by_name, self.load_cost_weight
-        found: list[tuple[ScalingVariant, float, int, float]] = []
-        for variant in self.variants[start:stop]:
-            facts = memo.get(id(variant))
-            if facts is None or facts[0] is not variant:
-                facts = memo[id(variant)] = _variant_facts(pools[variant.pool], variant, weight)
-            found.append(facts)
-        return found
+        return [self._facts(variant) for variant in self.variants[start:stop]]
 
     def pool(self, name: str) -> ScalingPool:
         return self._pools_by_name[name]
