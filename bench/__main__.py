@@ -668,6 +668,10 @@ GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("selection", "scaler"),
     ),
 )
+# Runs of a part kept from a second machine (``docs/bench/<name>.md``, beside the part's own): their
+# ``<name>.json`` holds the summary lines quoted after the part's headlines, written by hand from the
+# fragment, since that run wrote its own JSON elsewhere (the fragment gives its command).
+COMPANIONS: dict[str, tuple[str, ...]] = {"scaler": ("scaler-xeon",)}
 # Parts with an argument parser of their own, in their own modules.
 DELEGATED = {
     "real-zoo": "bench.real_zoo",
@@ -795,7 +799,12 @@ def assemble(out_dir: Path, doc: Path) -> None:
     fragment_dir = posixpath_relative(out_dir, doc.parent)
     lines, sections = [], []
     for title, intro, parts in GROUPS:
-        found = [f"- {line}" for part in parts for line in headlines(out_dir, part)]
+        found = [
+            f"- {line}"
+            for part in parts
+            for name in (part, *COMPANIONS.get(part, ()))
+            for line in headlines(out_dir, name)
+        ]
         if found:
             lines += [f"**{title}**", "", *found, ""]
         sections.append(

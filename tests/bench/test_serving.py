@@ -185,9 +185,14 @@ def test_the_report_puts_the_real_zoo_first_and_the_digits_numbers_after(tmp_pat
     (out / "real-zoo.json").write_text(json.dumps({"headlines": ["zoo line"]}))
     (out / "digits-serving.md").write_text("## Serving digits\n\nOld figures ![p](digits-serving_x.png)\n")
     (out / "digits-serving.json").write_text(json.dumps({"headlines": ["digits line"]}))
+    (out / "scaler.json").write_text(json.dumps({"headlines": ["scaler line"]}))
+    (out / "scaler-xeon.json").write_text(json.dumps({"headlines": ["second machine's line"]}))
     doc = tmp_path / "docs" / "BENCHMARKS.md"
     assemble(out, doc)
     text = doc.read_text()
+    # A second machine's run is quoted after its part's own headlines, not lost on a rewrite.
+    scaler, second = text.index("- scaler line"), text.index("- second machine's line")
+    assert scaler < second < text.index("## Real architectures")
     real, small = text.index("## Real architectures"), text.index("## Small models")
     assert real < small < text.index("## The control plane")
     assert text.index("### The real zoo") < small < text.index("### Serving digits")
