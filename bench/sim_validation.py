@@ -805,6 +805,28 @@ def load_live(path: Path, zoo: Zoo, window: TraceWindow, phases: Phases) -> tupl
     return live, str(data["machine"]), float(data["live_s"])
 
 
+def live_or_saved(
+    zoo: Zoo,
+    mix: Mix,
+    schedule: Sequence[Arrival],
+    window: TraceWindow,
+    phases: Phases,
+    state_dir: Path,
+    path: Path,
+    reuse_live: bool,
+) -> tuple[LiveRun, str, float] | None:
+    """The live run saved at ``path`` when reusing (None when there is none), else one run now and
+    saved there: (run, machine, seconds)."""
+    if reuse_live:
+        return load_live(path, zoo, window, phases) if path.exists() else None
+    ran_on = machine()
+    started = time.perf_counter()
+    live = run_live(zoo, mix, schedule, phases, state_dir)
+    live_s = time.perf_counter() - started
+    save_live(path, zoo, live, window, ran_on, live_s)
+    return live, ran_on, live_s
+
+
 def validate_seed(
     zoo: Zoo,
     mix: Mix,
@@ -823,35 +845,30 @@ def validate_seed(
     window = trace_window(offsets, phases.rate_qps, phases.total_s, seed)
     schedule = trace_schedule(window, mix, seed)
     saved = live_path(state_dir, seed)
-    if reuse_live:
-        live, ran_on, live_s = load_live(saved, zoo, window, phases)
-        print(f"  seed {seed}: the live run saved in {saved} ({ran_on})", flush=True)
-    else:
+    if not reuse_live:
         print(
             f"  seed {seed}: live, {len(schedule)} queries over {phases.total_s:g} s (recorded arrivals "
             f"{window.first}-{window.first + window.count - 1}, times / {window.compression:.2f})...",
             flush=True,
         )
-        ran_on = machine()
-        started = time.perf_counter()
-        live = run_live(zoo, mix, schedule, phases, state_dir)
-        live_s = time.perf_counter() - started
-        save_live(saved, zoo, live, window, ran_on, live_s)
+    first = live_or_saved(zoo, mix, schedule, window, phases, state_dir, saved, reuse_live)
+    if first is None:
+        raise SystemExit(f"no saved live run of seed {seed} at {saved}: run without --reuse-live")
+    live, ran_on, live_s = first
+    if reuse_live:
+        print(f"  seed {seed}: the live run saved in {saved} ({ran_on})", flush=True)
     repeats = []
     for repeat in range(1, live_repeats):
         again_path = live_path(state_dir, seed, repeat)
-        if reuse_live:
-            if not again_path.exists():
-                print(f"  seed {seed}: no saved live repeat {repeat} ({again_path}): left out", flush=True)
-                continue
-            again = load_live(again_path, zoo, window, phases)[0]
-        else:
+        if not reuse_live:
             print(
                 f"  seed {seed}: the same arrivals live again ({repeat} of {live_repeats - 1})...", flush=True
             )
-            started = time.perf_counter()
-            again = run_live(zoo, mix, schedule, phases, state_dir)
-            save_live(again_path, zoo, again, window, machine(), time.perf_counter() - started)
+        found_again = live_or_saved(zoo, mix, schedule, window, phases, state_dir, again_path, reuse_live)
+        if found_again is None:
+            print(f"  seed {seed}: no saved live repeat {repeat} ({again_path}): left out", flush=True)
+            continue
+        again = found_again[0]
         repeats.append(live_against_live(live, again, repeat))
         found = repeats[-1]
         print(

@@ -4,6 +4,8 @@ how they are compressed, the arrivals it sends, and the verdict against the targ
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ from bench.sim_validation import (
     command_line,
     judge,
     live_against_live,
+    live_or_saved,
     parse,
     trace_schedule,
     trace_window,
@@ -168,6 +171,21 @@ def test_the_live_run_against_itself_compares_the_compared_phase_with_the_same_f
     assert found["p99_difference"] == pytest.approx(found["again_p99_ms"] / found["live_p99_ms"] - 1)
     same = live_against_live(first, first, repeat=2)
     assert same["p99_difference"] == 0.0 and same["attainment_difference_points"] == 0.0
+
+
+def test_reusing_live_runs_finds_none_where_none_was_saved_and_runs_nothing(tmp_path: Path) -> None:
+    # Nothing else is read on that path: a live run would need the zoo, the mix and the schedule.
+    nothing = live_or_saved(
+        cast(Zoo, None),
+        cast(Mix, None),
+        [],
+        trace_window(RECORDED, 1.0, 10.0, 1),
+        TRACE_PHASES,
+        tmp_path,
+        tmp_path / "live-1.json",
+        reuse_live=True,
+    )
+    assert nothing is None and list(tmp_path.iterdir()) == []
 
 
 def cpu_variant(model: str, recipe: str, threads: int, p50_ms: float, accuracy: float) -> VariantProfile:
