@@ -370,23 +370,6 @@ def test_concurrent_submitters_share_one_batch_and_each_gets_its_own_rows(make_b
     assert batcher.stats()["batches"] == 2 and batcher.stats()["largest_batch"] == 8
 
 
-def test_a_request_finding_the_dispatcher_idle_reports_its_pickup_as_a_stall(make_batcher: Factory) -> None:
-    # Its wait was for the CPU, not for other work (the monitor judges it as interference); one
-    # queued behind a run waited for load, and reports no stall.
-    model = FakeModel(hold_first=True)
-    batcher = make_batcher(model, max_limit=1)
-    # The dispatch thread is idle: parked in its condition's wait (CPython's list of waiters).
-    wait_until(lambda: len(batcher._cond._waiters) == 1, "the dispatch thread to wait")  # type: ignore[attr-defined]
-
-    first, [behind] = hold_then_queue(batcher, model, [rows(1)])
-    model.gate.set()
-
-    idle = assert_own_rows(first, rows(-1))
-    queued = assert_own_rows(behind, rows(1))
-    assert 0 < idle.stall_ms <= idle.queue_ms
-    assert queued.stall_ms == 0 and queued.queue_ms > 0
-
-
 def test_concurrent_submitters_without_a_gate_are_batched(make_batcher: Factory) -> None:
     model = FakeModel(latency_s=0.002)
     batcher = make_batcher(model, max_limit=16, max_delay_s=0.002)

@@ -201,35 +201,6 @@ def test_queueing_alone_is_load_not_interference() -> None:
     assert stats.state is InstanceState.ACTIVE
 
 
-def test_a_stall_before_an_idle_instance_runs_is_interference() -> None:
-    # A neighbour holding the CPU keeps a light model from starting, not from running: of the
-    # queueing, the stall (nothing was ahead) counts with the run; the rest is still load.
-    m = monitor()
-    m.loaded(profile("v", {1: 2.0}))  # interfered above 2 * (2.0 + 1) = 6 ms
-    for i in range(10):
-        m.started("v")
-        m.finished("v", at=T0 + i * 0.1, batch=1, queue_ms=30.0, inference_ms=2.0, stall_ms=5.0)
-    assert instance(m.snapshot(T0 + 1), "v").state is InstanceState.INTERFERED
-
-    calm = monitor()
-    calm.loaded(profile("v", {1: 2.0}))
-    for i in range(10):
-        calm.started("v")
-        calm.finished("v", at=T0 + i * 0.1, batch=1, queue_ms=30.0, inference_ms=2.0, stall_ms=1.0)
-    assert instance(calm.snapshot(T0 + 1), "v").state is InstanceState.ACTIVE
-
-
-def test_a_query_is_alone_only_while_no_other_online_query_is_in_flight_on_the_worker() -> None:
-    m = monitor()
-    m.loaded(profile("v"))
-    m.loaded(profile("w"))
-    assert m.started("v") is True
-    assert m.started("w") is False  # the worker's own threads may hold it up: not a stall
-    m.finished("v", at=T0, batch=1, queue_ms=0.0, inference_ms=1.0)
-    m.abandoned("w")
-    assert m.started("w") is True
-
-
 def test_overloaded_takes_precedence_over_interfered() -> None:
     m = monitor()
     m.loaded(profile("v", {1: 1.0}))

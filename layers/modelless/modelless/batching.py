@@ -240,10 +240,6 @@ class BatchResult:
     queue_ms: float  # from submit to the start of the batch run
     inference_ms: float  # the batch run
     limit: int  # the AIMD limit after this batch
-    # Of ``queue_ms``, the wait of a request that found the dispatch thread idle, for that thread
-    # to get the CPU and pick it up: nothing was ahead of it, so this is not load but the machine
-    # (a noisy neighbour taking the core), as much interference as a slower run. 0 for the others.
-    stall_ms: float = 0.0
 
 
 @dataclass(eq=False)
@@ -254,7 +250,6 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     result: BatchResult | None = None
     error: BaseException | None = None
-    stall_s: float = 0.0  # see BatchResult.stall_ms
 
     @property
     def rows(self) -> int:
@@ -526,8 +521,6 @@ class VariantBatcher:
                     if self._closed:
                         return None
                     self._cond.wait()
-                    if self._queue:  # woken by an arrival that found this thread idle
-                        self._queue[0].stall_s = time.monotonic() - self._queue[0].arrived
                     continue
                 now = time.monotonic()
                 limit = self._limit(now)
@@ -592,7 +585,6 @@ class VariantBatcher:
                 queue_ms=(started - request.arrived) * 1000,
                 inference_ms=inference_ms,
                 limit=limit,
-                stall_ms=request.stall_s * 1000,
             )
             offset += request.rows
             request.done.set()

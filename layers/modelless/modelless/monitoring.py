@@ -38,7 +38,6 @@ class _Run:
     batch: int
     queue_ms: float
     inference_ms: float
-    stall_ms: float = 0.0  # of queue_ms, the wait for the CPU with nothing ahead (BatchResult.stall_ms)
 
 
 class WorkerMonitor:
@@ -105,37 +104,21 @@ class WorkerMonitor:
         with self._lock:
             return sorted(self._draining)
 
-    def started(self, variant_id: str) -> bool:
-        """An online query arrived for the instance. Returns whether it is alone on the worker (no
-        other online query in flight on any instance): only then is a wait it shows before its run
-        the machine's, not the worker's own threads' (their share of the interpreter's lock)."""
+    def started(self, variant_id: str) -> None:
         with self._lock:
-            alone = not any(self._in_flight.values())
             self._in_flight[variant_id] = self._in_flight.get(variant_id, 0) + 1
-            return alone
 
     def abandoned(self, variant_id: str) -> None:
         """A run that failed: it leaves the queue without a latency sample."""
         with self._lock:
             self._in_flight[variant_id] = max(0, self._in_flight.get(variant_id, 0) - 1)
 
-    def finished(
-        self,
-        variant_id: str,
-        at: float,
-        batch: int,
-        queue_ms: float,
-        inference_ms: float,
-        stall_ms: float = 0.0,
-    ) -> None:
-        """One online run ended. ``stall_ms``: of ``queue_ms``, the time the query, alone on the
-        worker (``started``), waited for the CPU before its run (``BatchResult.stall_ms``): judged
-        with the run as interference, where the rest of the queueing is load."""
+    def finished(self, variant_id: str, at: float, batch: int, queue_ms: float, inference_ms: float) -> None:
         with self._lock:
             self._in_flight[variant_id] = max(0, self._in_flight.get(variant_id, 0) - 1)
             runs = self._runs.get(variant_id)
             if runs is not None:  # a run that ends after its unload must not bring the instance back
-                runs.append(_Run(at, batch, queue_ms, inference_ms, min(stall_ms, queue_ms)))
+                runs.append(_Run(at, batch, queue_ms, inference_ms))
 
     def finished_offline(self, at: float, inference_ms: float) -> None:
         """An offline batch ran for ``inference_ms`` (between online batches, never with them)."""
@@ -224,14 +207,11 @@ def next_state(
 
 def _slowdown(profile: VariantProfile | None, runs: deque[_Run]) -> float:
     """p99 over the window of inference time / profiled time at the same batch size. Queueing is
-    load, not interference, so it is left out, except a stall: a query that found the instance
-    idle and still waited, for the CPU a neighbour held. A light model's run fits in one
-    scheduler slice, so a neighbour slows it not while it runs but before it can start."""
+    load, not interference, so it is left out."""
     if profile is None or not runs:
         return 0.0
     ratios = sorted(
-        (r.stall_ms + r.inference_ms)
-        / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
+        r.inference_ms / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
         for r in runs
     )
     return _percentile(ratios, 0.99)

@@ -218,22 +218,18 @@ class Worker:
     def _invoke_online(
         self, variant: VariantProfile, payload: dict[str, Any], arrived: float
     ) -> dict[str, Any]:
-        alone = self.monitor.started(variant.variant_id)
+        self.monitor.started(variant.variant_id)
         try:
             if self.batching is None:
                 result = self.runtime.handle_invocation(payload)  # loads on demand
                 self._show_if_loaded(variant)
-                monitored = (result["queue_ms"], result["inference_ms"], 0.0)
+                monitored = (result["queue_ms"], result["inference_ms"])
             else:
                 result, monitored = self._invoke_batched(variant, payload, arrived, self.batching)
         except Exception:
             self.monitor.abandoned(variant.variant_id)
             raise
-        queue_ms, inference_ms, stall_ms = monitored
-        stall_ms = stall_ms if alone else 0.0  # beside other queries, the wait is the worker's own
-        self.monitor.finished(
-            variant.variant_id, time.time(), result["batch"], queue_ms, inference_ms, stall_ms
-        )
+        self.monitor.finished(variant.variant_id, time.time(), result["batch"], *monitored)
         return result
 
     def _invoke_offline(self, variant: VariantProfile, payload: dict[str, Any]) -> dict[str, Any]:
@@ -266,9 +262,9 @@ class Worker:
 
     def _invoke_batched(
         self, variant: VariantProfile, payload: dict[str, Any], arrived: float, config: BatchingConfig
-    ) -> tuple[dict[str, Any], tuple[float, float, float]]:
+    ) -> tuple[dict[str, Any], tuple[float, float]]:
         """Serve one invocation through the variant's batcher: the reply, and the (queue_ms,
-        inference_ms, stall_ms) the monitor is to record for it."""
+        inference_ms) pair the monitor is to record for it."""
         deadline = arrived + deadline_ms_of(payload, config.default_deadline_ms) / 1000.0
         # As the gateway sent it: the model's own dtype (a structured array for several inputs).
         inputs = inputs_of(payload)
@@ -302,9 +298,9 @@ class Worker:
         # (queue + inference is still each request's latency). Busy time stays true, and the
         # first requests keep the real inference/profile ratio that Interfered is judged on.
         if batched.position == 0:
-            monitored = (batched.queue_ms, batched.inference_ms, batched.stall_ms)
+            monitored = (batched.queue_ms, batched.inference_ms)
         else:
-            monitored = (batched.queue_ms + batched.inference_ms, 0.0, 0.0)
+            monitored = (batched.queue_ms + batched.inference_ms, 0.0)
         return {
             "outputs_npy": npy_bytes(batched.outputs),
             "batch": batched.batch,
