@@ -56,10 +56,11 @@ from tests.functional.workers_kit import (
     start_worker,
     worker_pool,
 )
-from tests.models import wide_model
+from tests.models import slow_model, wide_model
 from tests.waiting import scaled, wait_for
 
 WIDE_KEY = f"apps/{APP}/{MODEL}/variants/wide.onnx"
+LONG_KEY = f"apps/{APP}/{MODEL}/variants/long.onnx"
 # A state change shows in a report once the monitor's window has turned over.
 STATE_WITHIN_S = WINDOW_S + 10.0
 
@@ -71,6 +72,26 @@ def wide_variant(pool: str = "cpu", p99_ms: float = 6.0) -> VariantProfile:
         latency_p50_ms={1: p99_ms / 2, 2: p99_ms / 2, 4: p99_ms * 0.6, 8: p99_ms * 0.8},
         latency_p99_ms={1: p99_ms, 2: p99_ms, 4: p99_ms * 1.2, 8: p99_ms * 1.6},
     )
+
+
+def long_model() -> bytes:
+    """A run of several ms of compute (about 8 ms on one thread of the 2-core VM): several
+    scheduler slices, so that busy neighbours on its core take turns inside every run. The wide
+    model's run (under 2 ms) can fit in the one slice a waking thread gets: neighbours then
+    delay its start, which is queueing, not interference, and leave its run time alone."""
+    return slow_model(side=128, channels=16, layers=12)
+
+
+def long_variant(p99_ms: float) -> VariantProfile:
+    return replace(
+        make_variant(artifact_key=LONG_KEY, suffix="-long"),
+        latency_p50_ms={1: p99_ms / 2},
+        latency_p99_ms={1: p99_ms},
+    )
+
+
+def long_inputs() -> np.ndarray:
+    return sample_inputs(1).reshape(1, 1, 8, 8)  # the digit as the slow model's 8x8 image
 
 
 def wide_logits(inputs: np.ndarray) -> np.ndarray:
@@ -90,6 +111,7 @@ def instance_state(store: RedisMetadataStore, worker_id: str, variant_id: str) -
 def wide_repository(tmp_path: Path) -> str:
     repository = LocalModelRepository(tmp_path / "repo")
     repository.put(WIDE_KEY, wide_model())
+    repository.put(LONG_KEY, long_model())
     return str(tmp_path / "repo")
 
 
@@ -262,19 +284,22 @@ def test_noisy_neighbours_make_an_instance_interfered_and_it_recovers_when_they_
     neighbours: Neighbours,
 ) -> None:
     worker = start_worker(one_slot_pool, redis_store)
-    inputs = sample_inputs(1)
+    inputs = long_inputs()
     # The profile is what this worker measures without the neighbours, at the light load used
     # below and for as long as the monitor's window: its p99 then holds whatever tail the
     # machine's other work gives it, so that the neighbours' leaving brings it back under.
+    # The pause keeps the instance far from Overloaded (busy under 90 % of the window) even
+    # when the neighbours make each run tens of times longer.
+    pause_s = 0.1
+    unprofiled = long_variant(50.0)
     alone: list[float] = []
     until = time.monotonic() + WINDOW_S
     while time.monotonic() < until or len(alone) < 40:
-        alone.append(
-            invoker.invoke(worker.address, payload(wide_variant(), inputs), INVOKE_TIMEOUT_S)["inference_ms"]
-        )
-        time.sleep(0.02)
+        answer = invoker.invoke(worker.address, payload(unprofiled, inputs), INVOKE_TIMEOUT_S)
+        alone.append(answer["inference_ms"])
+        time.sleep(pause_s)
     measured_p99 = float(np.percentile(alone[5:], 99))
-    variant = wide_variant(p99_ms=measured_p99)
+    variant = long_variant(measured_p99)
 
     def state_of() -> InstanceState | None:
         return instance_state(redis_store, worker.worker_id, variant.variant_id)
@@ -282,7 +307,7 @@ def test_noisy_neighbours_make_an_instance_interfered_and_it_recovers_when_they_
     def light() -> object:
         return invoker.invoke(worker.address, payload(variant, inputs), INVOKE_TIMEOUT_S)
 
-    load = Load(1, light, pause_s=0.02)  # light: far from saturating the instance
+    load = Load(1, light, pause_s=pause_s)  # light: far from saturating the instance
     try:
         neighbours.start_beside(one_slot_pool.workers()[worker.worker_id].process.pid)
         try:
