@@ -221,9 +221,28 @@ def test_back_to_active_when_the_load_drops() -> None:
     assert recovered.qps == pytest.approx(1 / WINDOW_S)
 
 
+def test_a_cold_first_run_after_a_load_is_load_not_interference() -> None:
+    m = monitor()
+    m.loaded(profile("v", {1: 2.0}))
+    run(m, "v", at=T0, inference_ms=40.0)  # the first run pays the runtime's one-time costs
+    first = instance(m.snapshot(T0), "v")
+    assert first.state is InstanceState.ACTIVE
+    assert first.latency_p99_ms == 40.0 and first.utilisation > 0  # still load: it was served
+    assert m.snapshot(T0).online_latency_ratio == 0.0  # nor does the offline throttle see it
+
+    run(m, "v", at=T0 + 0.1, inference_ms=40.0)  # a slow run once warm is interference
+    assert instance(m.snapshot(T0 + 0.1), "v").state is InstanceState.INTERFERED
+
+    m.unloaded("v")  # loaded again later: its first run is cold again
+    m.loaded(profile("v", {1: 2.0}))
+    run(m, "v", at=T0 + 10, inference_ms=40.0)
+    assert instance(m.snapshot(T0 + 10), "v").state is InstanceState.ACTIVE
+
+
 def test_back_to_active_when_interference_ends() -> None:
     m = monitor()
     m.loaded(profile("v", {1: 2.0}))
+    run(m, "v", at=T0 - 10, inference_ms=2.0)  # warm
     run(m, "v", at=T0, inference_ms=30.0)
     assert instance(m.snapshot(T0), "v").state is InstanceState.INTERFERED
     run(m, "v", at=T0 + 6, inference_ms=2.0)

@@ -38,6 +38,10 @@ class _Run:
     batch: int
     queue_ms: float
     inference_ms: float
+    # The instance's first run since its load: it pays one-time costs (the runtime's first
+    # allocations, the weights' first reads) that profiling leaves out as warm-up, so it counts
+    # as load but says nothing of interference.
+    cold: bool = False
 
 
 class WorkerMonitor:
@@ -47,6 +51,7 @@ class WorkerMonitor:
         self.address = address
         self.slots = slots
         self._runs: dict[str, deque[_Run]] = {}
+        self._warm: set[str] = set()  # instances that have finished a run since their load
         self._profiles: dict[str, VariantProfile] = {}
         self._in_flight: dict[str, int] = {}
         self._states: dict[str, InstanceState] = {}
@@ -80,6 +85,7 @@ class WorkerMonitor:
     def unloaded(self, variant_id: str) -> None:
         with self._lock:
             self._draining.discard(variant_id)
+            self._warm.discard(variant_id)
             self._profiles.pop(variant_id, None)
             self._runs.pop(variant_id, None)
             self._states.pop(variant_id, None)
@@ -118,7 +124,9 @@ class WorkerMonitor:
             self._in_flight[variant_id] = max(0, self._in_flight.get(variant_id, 0) - 1)
             runs = self._runs.get(variant_id)
             if runs is not None:  # a run that ends after its unload must not bring the instance back
-                runs.append(_Run(at, batch, queue_ms, inference_ms))
+                cold = variant_id not in self._warm
+                self._warm.add(variant_id)
+                runs.append(_Run(at, batch, queue_ms, inference_ms, cold))
 
     def finished_offline(self, at: float, inference_ms: float) -> None:
         """An offline batch ran for ``inference_ms`` (between online batches, never with them)."""
@@ -207,12 +215,13 @@ def next_state(
 
 def _slowdown(profile: VariantProfile | None, runs: deque[_Run]) -> float:
     """p99 over the window of inference time / profiled time at the same batch size. Queueing is
-    load, not interference, so it is left out."""
+    load, not interference, so it is left out; so is a cold first run (``_Run.cold``)."""
     if profile is None or not runs:
         return 0.0
     ratios = sorted(
         r.inference_ms / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
         for r in runs
+        if not r.cold
     )
     return _percentile(ratios, 0.99)
 
@@ -220,13 +229,14 @@ def _slowdown(profile: VariantProfile | None, runs: deque[_Run]) -> float:
 def _latency_ratio(profile: VariantProfile | None, runs: deque[_Run]) -> float:
     """p99 over the window of online latency on the worker (queue + inference) / profiled time
     at the same batch size: unlike ``_slowdown``, queueing counts, since waiting behind offline
-    work is exactly what the offline throttle must see."""
+    work is exactly what the offline throttle must see. A cold first run does not (``_Run.cold``)."""
     if profile is None or not runs:
         return 0.0
     ratios = sorted(
         (r.queue_ms + r.inference_ms)
         / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
         for r in runs
+        if not r.cold
     )
     return _percentile(ratios, 0.99)
 
