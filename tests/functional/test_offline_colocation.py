@@ -275,9 +275,10 @@ def test_an_offline_job_yields_to_online_load_and_completes_with_online_p99_with
             """Whether the run has reported, and where the job stands (what a timeout shows)."""
             current = redis_store.get_job(job.job_id)
             done, errors = redis_store.job_progress(job.job_id)
-            paused = current is not None and current.paused
-            pause = f"paused ({current.pause_reason})" if current is not None and paused else "running"
-            return bool(reports), f"{done} done, {errors} errors of {JOB_INPUTS}, {pause}"
+            standing = "running"
+            if current is not None and current.paused:
+                standing = f"paused ({current.pause_reason})"
+            return bool(reports), f"{done} done, {errors} errors of {JOB_INPUTS}, {standing}"
 
         wait_for(
             job_now,

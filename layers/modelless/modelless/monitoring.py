@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from modelless.types import InstanceState, InstanceStats, VariantProfile, WorkerState
@@ -215,26 +216,26 @@ def next_state(
 
 def _slowdown(profile: VariantProfile | None, runs: deque[_Run]) -> float:
     """p99 over the window of inference time / profiled time at the same batch size. Queueing is
-    load, not interference, so it is left out; so is a cold first run (``_Run.cold``)."""
-    if profile is None or not runs:
-        return 0.0
-    ratios = sorted(
-        r.inference_ms / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
-        for r in runs
-        if not r.cold
-    )
-    return _percentile(ratios, 0.99)
+    load, not interference, so it is left out."""
+    return _p99_over_profile(profile, runs, lambda r: r.inference_ms)
 
 
 def _latency_ratio(profile: VariantProfile | None, runs: deque[_Run]) -> float:
     """p99 over the window of online latency on the worker (queue + inference) / profiled time
     at the same batch size: unlike ``_slowdown``, queueing counts, since waiting behind offline
-    work is exactly what the offline throttle must see. A cold first run does not (``_Run.cold``)."""
-    if profile is None or not runs:
+    work is exactly what the offline throttle must see."""
+    return _p99_over_profile(profile, runs, lambda r: r.queue_ms + r.inference_ms)
+
+
+def _p99_over_profile(
+    profile: VariantProfile | None, runs: deque[_Run], measure: Callable[[_Run], float]
+) -> float:
+    """p99 over the window of ``measure`` / (profiled time at the run's batch size + slack), the
+    cold first run after a load left out (``_Run.cold``); 0 with no profile or no warm run."""
+    if profile is None:
         return 0.0
     ratios = sorted(
-        (r.queue_ms + r.inference_ms)
-        / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
+        measure(r) / (profile.latency_ms(min(r.batch, profile.max_batch)) + INTERFERED_SLACK_MS)
         for r in runs
         if not r.cold
     )
