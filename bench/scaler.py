@@ -3,7 +3,8 @@ and the greedy's gap. Writes its write-up to ``<out>/scaler.md`` and the raw num
 ``<out>/scaler.json``.
 
     python -m bench.scaler [--sizes 10,50,100,500,2000] [--repeats 3] [--limit 1]
-        [--deadline-sizes 10000,30000] [--gap-instances 50] [--compact-sizes 10,50] [--out docs/bench]
+        [--deadline-sizes 10000,30000] [--instance-counts 1,10,100,1000,10000,30000]
+        [--gap-instances 50] [--compact-sizes 10,50] [--out docs/bench]
 
 INFaaS reports Gurobi taking 23 s for 50 architectures and 50 s for 100 (§4.2.1) and gives up on
 the exact program; this measures HiGHS (``scipy.optimize``) on the same scale and beyond.
@@ -33,8 +34,11 @@ from typing import Any
 from bench.report import DEFAULT_OUT_DIR, machine, span, today, write_fragment
 from modelless.scaling import (
     PlanStatus,
+    ScalingGroup,
     ScalingPlan,
+    ScalingPool,
     ScalingProblem,
+    ScalingVariant,
     solve_compact,
     solve_exact,
     solve_greedy,
@@ -74,6 +78,45 @@ def _timed(solve: Any, problem: ScalingProblem, *args: Any) -> tuple[ScalingPlan
     started = time.perf_counter()
     plan = solve(problem, *args)
     return plan, time.perf_counter() - started
+
+
+def _timed_cpu(solve: Any, problem: ScalingProblem, *args: Any) -> tuple[ScalingPlan, float, float]:
+    """The plan, its wall time and the process's CPU time for it (HiGHS's threads included)."""
+    cpu = time.process_time()
+    plan, seconds = _timed(solve, problem, *args)
+    return plan, seconds, time.process_time() - cpu
+
+
+def instances_problem(count: int) -> ScalingProblem:
+    """One pool, two variants: ``count`` instances of one (one per worker, as the project's
+    workers hold a variant) for a group Lambda may not serve, and ``count / 2`` of the other (four
+    to a worker) for a group Lambda may serve at a worker's price: the plan's reading, its
+    packing above all, at a given number of instances."""
+    pool = ScalingPool("cpu", 0.17 / 3600, {"vcpu": 4.0, "memory_mb": 8192.0})
+    one = ScalingVariant("one", "cpu", {"tight": 10.0}, {"vcpu": 1.0, "memory_mb": 1000.0}, max_per_worker=1)
+    four = ScalingVariant("four", "cpu", {"lax": 20.0}, {"vcpu": 1.0, "memory_mb": 1500.0})
+    groups = [
+        ScalingGroup("tight", 10.0 * (count - 0.5), 50.0, None),
+        ScalingGroup("lax", 20.0 * count / 2, 200.0, pool.price_per_worker_second / 20.0),
+    ]
+    return ScalingProblem([one, four], [pool], groups)
+
+
+def bench_instances(counts: Sequence[int], limit_s: float) -> list[dict[str, Any]]:
+    """The scaler's call (``solve_exact`` under its limit) at 1 to 30,000 instances of a variant."""
+    found = []
+    for count in counts:
+        problem = instances_problem(count)
+        plan, seconds, cpu = _timed_cpu(solve_exact, problem, limit_s)
+        _check(problem, plan)
+        _check_deadline(plan, seconds, limit_s)
+        found.append({"instances_of_one_variant": count, "instances": plan.total_instances,
+                      "workers": sum(plan.workers.values()), "seconds": seconds, "cpu_seconds": cpu,
+                      "status": plan.status.value, "overrun_s": max(0.0, seconds - limit_s)})  # fmt: skip
+        print(f"  {count:,} instances of one variant: {seconds:.3f} s ({cpu:.3f} CPU-s), "
+              f"{plan.status.value}, "
+              f"{plan.total_instances:,} instances on {sum(plan.workers.values()):,} workers", flush=True)
+    return found
 
 
 def bench_size(size: int, repeats: int, time_limit_s: float, limit_s: float, compact: bool) -> dict[str, Any]:
@@ -136,7 +179,7 @@ def bench_deadline(size: int, repeats: int, limit_s: float) -> dict[str, Any]:
     for repeat in range(repeats):
         seed = 1000 * size + repeat
         problem = make_problem(size, seed=seed)
-        limited, limited_s = _timed(solve_exact, problem, limit_s)
+        limited, limited_s, limited_cpu = _timed_cpu(solve_exact, problem, limit_s)
         greedy, greedy_s = _timed(lambda p: solve_greedy(p, deadline=Deadline.after(limit_s)), problem)
         for plan, seconds in ((limited, limited_s), (greedy, greedy_s)):
             _check(problem, plan)
@@ -145,9 +188,9 @@ def bench_deadline(size: int, repeats: int, limit_s: float) -> dict[str, Any]:
             "seed": seed,
             "variants": len(problem.variants),
             "groups": len(problem.groups),
-            "limited": {"seconds": limited_s, "status": limited.status.value, "solver": limited.solver,
-                        "objective": limited.objective, "certified_gap_pct": _pct(limited.gap),
-                        "unmet_qps": sum(limited.unmet_qps.values()),
+            "limited": {"seconds": limited_s, "cpu_seconds": limited_cpu, "status": limited.status.value,
+                        "solver": limited.solver, "objective": limited.objective,
+                        "certified_gap_pct": _pct(limited.gap), "unmet_qps": sum(limited.unmet_qps.values()),
                         "overrun_s": max(0.0, limited_s - limit_s),
                         "holding": any("holding plan" in note for note in limited.notes)},
             "greedy": {"seconds": greedy_s, "status": greedy.status.value, "objective": greedy.objective,
@@ -155,7 +198,8 @@ def bench_deadline(size: int, repeats: int, limit_s: float) -> dict[str, Any]:
                        "holding": any("holding plan" in note for note in greedy.notes)},
         })  # fmt: skip
         print(f"  {size} architectures, seed {seed}: exact under {limit_s:g} s: {limited_s:.3f} s "
-              f"({limited.status.value}, certified gap {_fmt(_pct(limited.gap))} %), greedy under the same "
+              f"({limited_cpu:.3f} CPU-s, {limited.status.value}, certified gap "
+              f"{_fmt(_pct(limited.gap))} %), greedy under the same "
               f"deadline {greedy_s:.3f} s ({greedy.status.value})", flush=True)  # fmt: skip
     return {"architectures": size, "runs": runs}
 
@@ -274,6 +318,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
     calls += [
         r[k] for size in report.get("deadline_sizes", []) for r in size["runs"] for k in ("limited", "greedy")
     ]
+    calls += report.get("instance_counts", [])
     longest = max((c["seconds"] for c in calls), default=0.0)
     overran = sum(c["seconds"] > limit * (1 + DEADLINE_TOLERANCE) for c in calls)
     lines += [
@@ -294,10 +339,11 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
             "neither finds a plan in time, the *holding plan* (`modelless.scaling.deadline`): what runs "
             "now keeps running, Lambda takes what it may, the rest is reported unmet.",
             "",
-            f"| architectures | variants | groups | exact under {limit:g} s: seconds | its status "
+            f"| architectures | variants | groups | exact under {limit:g} s: seconds | CPU seconds "
+            "| its status "
             "| certified gap, % | unmet QPS | greedy under the same deadline: seconds | its status "
             "| unmet QPS |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for size in report["deadline_sizes"]:
             runs = size["runs"]
@@ -313,6 +359,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
                     f"{statistics.median(r['variants'] for r in runs):,.0f}",
                     f"{statistics.median(r['groups'] for r in runs):,.0f}",
                     _spread([r["limited"]["seconds"] for r in runs]),
+                    _spread([c for r in runs if (c := r["limited"].get("cpu_seconds")) is not None]),
                     how("limited"),
                     _spread([g for r in runs if (g := r["limited"]["certified_gap_pct"]) is not None],
                             digits=2),
@@ -322,6 +369,24 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
                     _spread([r["greedy"]["unmet_qps"] for r in runs], digits=0),
                 ]) + " |"
             )  # fmt: skip
+    if report.get("instance_counts"):
+        lines += [
+            "",
+            f"**Instances per variant.** The scaler's call under its {limit:g} s limit on one pool with "
+            "`n` instances of one variant (one per worker) for a group Lambda may not serve and `n / 2` "
+            "of another (four to a worker) beside it (`bench.scaler.instances_problem`): reading the "
+            "plan back, its packing above all, at every count. The packing goes by counts per variant "
+            "and run of identical workers, not instance by instance.",
+            "",
+            f"| instances of one variant | instances | workers | seconds under {limit:g} s | CPU seconds "
+            "| status |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in report["instance_counts"]:
+            lines.append(
+                f"| {row['instances_of_one_variant']:,} | {row['instances']:,} | {row['workers']:,} | "
+                f"{row['seconds']:.3f} | {row['cpu_seconds']:.3f} | {row['status']} |"
+            )
     gap = report["greedy_gap"]
     lines += [
         "",
@@ -389,6 +454,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="sizes run under the limit only (no proof), comma separated",
     )
     parser.add_argument("--deadline-repeats", type=int, default=1, help="problems per deadline size")
+    parser.add_argument(
+        "--instance-counts",
+        default="1,10,100,1000,10000,30000",
+        help="instances of one variant to plan under the limit, comma separated ('' for none)",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="problems per size (median, min-max)")
     parser.add_argument("--time-limit", type=float, default=60.0, help="the run to the proof: its limit, s")
     parser.add_argument("--limit", type=float, default=1.0, help="the scaler's time limit, s")
@@ -408,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     deadline_sizes = [int(s) for s in args.deadline_sizes.split(",") if s]
     beyond = [bench_deadline(size, args.deadline_repeats, args.limit) for size in deadline_sizes]
+    per_variant = bench_instances([int(s) for s in args.instance_counts.split(",") if s], args.limit)
     gap = bench_gap(args.gap_instances, args.gap_architectures, args.time_limit)
     print(
         f"greedy vs exact on {gap['instances']} problems of {gap['architectures']} architectures: mean "
@@ -427,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "limit_s": args.limit,
         "sizes": results,
         "deadline_sizes": beyond,
+        "instance_counts": per_variant,
         "greedy_gap": gap,
     }
     write_report(args.out, report)

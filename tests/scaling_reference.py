@@ -893,12 +893,15 @@ def _cbc_solver(time_limit_s: float, gap: float | None = None) -> Any:
     Its primal heuristics are off: on tests' instance tiny:530 (stage 1, an objective on
     continuous columns only) the bundled CBC 2.10.3 took the feasibility pump's first solution
     (1/3 unmet) as proven optimal after 0 nodes, where 0 was feasible; its branch and bound
-    alone finds 0. The brute force checks CBC on every tiny instance."""
+    alone finds 0. Its integer preprocessing is off too: on the oracle test's several_pools seed 18
+    (tests/unit/test_scaling_oracle.py) it cut off the optimum (two instances on two workers, which
+    the brute force and the project's solver found) and proved a plan 7.5 % dearer optimal. The
+    brute force checks CBC on every tiny instance."""
     options: dict[str, Any] = {
         "msg": False,
         "timeLimit": time_limit_s,
         "threads": 1,
-        "options": ["heuristicsOnOff off"],
+        "options": ["heuristicsOnOff off", "preprocess off"],
     }
     if gap is not None:
         options.update(gapRel=gap, gapAbs=gap)

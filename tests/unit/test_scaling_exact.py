@@ -5,6 +5,8 @@ patterns the duals keep. Pure: no network, no store, no clock."""
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import replace
 
 import numpy as np
@@ -355,7 +357,8 @@ def test_a_milp_that_never_answers_leaves_the_best_rounding_not_the_holding_plan
     monkeypatch: pytest.MonkeyPatch, architectures: int, seed: int
 ) -> None:
     """HiGHS abandoned past its deadline (OutOfTime) in the plan's MILP: the call still returns
-    a plan of the program, with the bound its LPs proved, and nothing unmet."""
+    a plan of the program (the best rounding, or the greedy's where that is cheaper than a plan
+    whose certified gap is poor), with the bound the compact LP proved, and nothing unmet."""
     from modelless.scaling import exact
     from modelless.scaling.deadline import OutOfTime
 
@@ -368,7 +371,7 @@ def test_a_milp_that_never_answers_leaves_the_best_rounding_not_the_holding_plan
     monkeypatch.setattr(exact, "_attempt", abandoned)
     plan = solve_exact(problem, time_limit_s=60.0)
 
-    assert plan.solver == "milp" and plan.status is PlanStatus.TIME_LIMIT
+    assert plan.solver in ("milp", "greedy") and plan.status is PlanStatus.TIME_LIMIT
     assert plan.unmet_qps == {} and violations(problem, plan) == []
     assert plan.lower_bound is not None and plan.lower_bound <= optimum.objective * (1 + 1e-9)
     assert optimum.objective * (1 - 1e-4) <= plan.objective
@@ -396,3 +399,76 @@ def test_filling_a_roundings_spare_room_breaks_no_row_and_never_costs_more(
     assert np.array_equal(filled[list(model.w_cols.values())], rounded[list(model.w_cols.values())])
     assert float(model.c @ filled) <= float(model.c @ rounded) + 1e-12
     assert float(model.c @ filled) >= duals.bound - 1e-6
+
+
+def _one_by_one_first_fit(
+    pool: ScalingPool, items: list[ScalingVariant], most: int | None
+) -> tuple[int, list[str]]:
+    """First fit decreasing one instance at a time (the definition ``first_fit_workers`` keeps,
+    written apart): workers used and the ids of the instances left out."""
+    resources = list(pool.capacity)
+    counts = {v.id: sum(1 for w in items if w.id == v.id) for v in items}
+
+    def key(v: ScalingVariant) -> tuple[float, float, str]:
+        shares = (v.demand.get(r, 0.0) / pool.capacity[r] for r in resources if pool.capacity[r] > 0)
+        share = max(shares, default=0.0)
+        spread = counts[v.id] / v.max_per_worker if v.max_per_worker else 0.0
+        return (-spread, -share, v.id)
+
+    rooms: list[list[float]] = []
+    held: list[dict[str, int]] = []
+    left_out: list[str] = []
+    for v in sorted(items, key=key):
+        limit = math.inf if v.max_per_worker is None else v.max_per_worker
+        demand = [v.demand.get(r, 0.0) for r in resources]
+        if limit < 1 or any(d > pool.capacity[r] + 1e-9 for d, r in zip(demand, resources, strict=True)):
+            left_out.append(v.id)
+            continue
+        for room, copies in zip(rooms, held, strict=True):
+            if all(d <= f + 1e-9 for d, f in zip(demand, room, strict=True)) and copies.get(v.id, 0) < limit:
+                room[:] = [f - d for f, d in zip(room, demand, strict=True)]
+                copies[v.id] = copies.get(v.id, 0) + 1
+                break
+        else:
+            if most is not None and len(rooms) >= most:
+                left_out.append(v.id)
+                continue
+            rooms.append([pool.capacity[r] - d for r, d in zip(resources, demand, strict=True)])
+            held.append({v.id: 1})
+    return len(rooms), sorted(left_out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_first_fit_by_counts_places_every_copy_where_one_by_one_would(seed: int) -> None:
+    from modelless.scaling.problem import pack_within
+
+    rng = random.Random(f"first-fit/{seed}")
+    names = rng.sample(["vcpu", "memory_mb", "device_slots"], rng.randint(1, 3))
+    capacity = {r: rng.choice((1.0, 4.0, 8.0)) for r in names}
+    pool = ScalingPool("pool", 1.0, capacity)
+    for _ in range(25):
+        variants = [
+            ScalingVariant(
+                f"v{i}", "pool", {},
+                {r: c * rng.choice((0.0, 0.2, 0.25, 1 / 3, 0.5, 0.6, 1.0, 1.2)) for r, c in capacity.items()},
+                max_per_worker=rng.choice((None, 0, 1, 2, 3)),
+            )
+            for i in range(rng.randint(1, 5))
+        ]  # fmt: skip
+        items = [v for v in variants for _ in range(rng.randint(0, 15))]
+        rng.shuffle(items)
+        most = rng.choice((None, None, 1, 2, 5))
+        used, left_out = _one_by_one_first_fit(pool, items, most)
+        if most is None:
+            assert first_fit_workers(pool, items) == (None if left_out else used)
+        else:
+            assert sorted(v.id for v in pack_within(pool, items, most)) == left_out
+
+
+def test_first_fit_packs_thirty_thousand_copies_of_one_variant() -> None:
+    pool = ScalingPool("pool", 1.0, {VCPU: 4.0})
+    alone = ScalingVariant("alone", "pool", {}, {VCPU: 1.0}, max_per_worker=1)
+    shared = ScalingVariant("shared", "pool", {}, {VCPU: 1.0})
+    # 30,000 workers of one copy each; the 45,000 others fill their rooms three at a time.
+    assert first_fit_workers(pool, [alone] * 30_000 + [shared] * 45_000) == 30_000
+    assert first_fit_workers(pool, [alone] * 30_000 + [shared] * 90_001) == 30_001

@@ -22,48 +22,49 @@ by another of their component (no cheaper, no fewer resources, no fewer workers 
 dropped: any plan can swap them out.
 
 Patterns hold one instance at first (up to ``MOST_INSTANCES`` where more may pay), and a plan
-may need more. The solver stays exact by proving that the rest cannot do better:
+may need more. The pattern program is a *restriction* of the program: it holds only the ways of
+serving a component that it enumerated, and its bounds (below) steer the search, never a claim.
+Every bound a plan reports, and so every ``optimal``, comes from step 4: the compact program.
 
-1. *LP duality.* The pattern LP gives a price per unit of each pool resource (π) and per
-   component (its choice row's dual). Any way to serve c with more instances than its patterns
-   hold has reduced cost at least ``rho[c]``: those instances at the dual prices (at least
-   ``most + 1`` of them, and at least each group's need at its cheapest rate), less c's dual.
-   Where ``rho[c] < 0`` (another instance may pay), c gets its patterns of one instance more,
-   and the LP is solved again, until no ``rho`` is negative (or half the time is gone). Then
-   ``LB = (the LP's Lagrangian bound) + Σ_c min(0, rho[c])`` bounds every plan from below.
+1. *LP duality, to steer.* The pattern LP gives a price per unit of each pool resource (π) and
+   per component (its choice row's dual). A way to serve c with more instances than its patterns
+   hold is priced at ``rho[c]``: those instances at the dual prices (at least ``most + 1`` of
+   them, and at least each group's need at its cheapest rate), less c's dual. Where ``rho[c] <
+   0`` (another instance may pay), c gets its patterns of one instance more, and the LP is solved
+   again, until no ``rho`` is negative (or half the time is gone).
 2. *The plan.* The pattern MILP, with the time left, and the best rounding of step 1's LPs as
    the plan to beat (each LP's solution rounded, blocks included: below); the cheaper wins.
-3. *The proof.* The same MILP with *stand-ins*: for each component, a few columns that relax
-   every way to serve it with more instances than its patterns hold (per set of pools: the least
-   resources and load cost such a way can use, the Lambda it cannot avoid; no fewer instances
-   than the groups Lambda may not serve need). It is a relaxation of the program: its optimum
-   bounds every plan. If it picks no stand-in, its plan is optimal. Where it picks one, the
-   component gets patterns of one instance more (up to ``MOST_INSTANCES``; so do the
-   components whose stand-ins the duals do not rule out, below), then its *block*: the
-   per-variant rows below, switched on by a binary ``m[c]`` in its choice row; and it is solved
-   again.
+3. *The search for a cheaper plan.* The same MILP with *stand-ins*: for each component, a few
+   columns meant to stand for every way to serve it with more instances than its patterns hold
+   (per set of pools: the least resources and load cost such a way can use, the Lambda it cannot
+   avoid). Where its optimum picks a stand-in, the component gets patterns of one instance more
+   (up to ``MOST_INSTANCES``; so do the components whose stand-ins the duals do not rule out),
+   then its *block*: the per-variant rows below, switched on by a binary ``m[c]`` in its choice
+   row; and it is solved again. It stops where its bounds say nothing is cheaper.
+4. *The proof* (:func:`_certify`). The compact program (every component's block on, no patterns:
+   INFaaS's form, :func:`solve_compact`) is a relaxation of every plan that packs: its rows are
+   the fluid resource rows, the dual feasible packing rows and cuts that every packing satisfies.
+   Its LP's Lagrangian bound (computed from the duals and the column bounds, so that it holds
+   whatever HiGHS's tolerances) first; where that does not meet the best plan, its MILP with the
+   time left, told the best plan's objective as its cutoff and with the columns fixed that the
+   LP's reduced costs rule out: HiGHS's dual bound, a cheaper plan (it becomes the best), or the
+   proof that none is. Issue 32 found why the pattern program's own bounds could not be reported:
+   on one model with a group Lambda may not serve and one it may, 22-23 % of random problems had
+   a plan one instance dearer than the optimum called optimal, with a "bound" equal to its cost.
 
-*Reduced-cost fixing* keeps the proof small. The relaxation's LP (stand-ins included) gives
-duals and a Lagrangian bound ``D``; a plan that holds a way of positive reduced cost ``rc`` that
-the relaxation has no column for costs at least ``D + rc`` (the Lagrangian bound with that way
-as a column; the plan's other ways are columns, or have stand-ins that cost no more), so a way
-whose reduced cost exceeds ``UB - D`` (UB: the best plan's objective) is in no plan cheaper than
-the best one, nor is any way of a stand-in whose reduced cost does (a stand-in's is the least of
-its ways', as it uses no more resources and costs no more). Such stand-ins
-get no column in the proof's MILP, and such ways of one instance more get no pattern (their
-bound is checked before their split: their instances at the duals' prices and the Lambda money
-their rates cannot save). The MILP's optimum then bounds every plan cheaper than the best one,
-so ``min(UB, its bound)`` bounds every plan. (By induction over the rounds: take the first round
-that rules out a way of a plan; the plan's other ways were still in that round's relaxation.)
-The proof's MILP is told the best plan's objective as its cutoff (HiGHS's ``objective_bound``),
-so that HiGHS looks for nothing that is not cheaper: when it finds nothing, the best plan is
-optimal.
+The plan's ``lower_bound`` is step 4's bound; its status is ``optimal`` once that bound meets its
+objective (within HiGHS's 0.01 % gap), ``time_limit`` when the deadline came first. Step 4 has
+``CERTIFY_SHARE`` of the time limit kept for it; steps 2 and 3 stop that early. The compact LP is
+looser than the pattern LP (its bound 4 % below the pattern LP's at 100 architectures of
+``bench/scaler.py``, 12 % at 500; one seed each), so beyond a few dozen architectures a plan's
+certified gap is wider than its true gap, and at 2,000 the compact LP alone takes about 4 s: a
+1 s call there has no certified gap.
 
-The plan's ``lower_bound`` is the best of these bounds; its status is ``optimal`` once a bound
-meets it (within HiGHS's 0.01 % gap), ``time_limit`` when the deadline came first. The time limit
-is a deadline for the whole call: a proof's MILP is told a share of what is left (``HIGHS_SHARE``:
-HiGHS reads the clock between the phases of its search, not within them), and a proof round starts
-only where what is left covers its model and LP (``PROOF_COST`` times the first model's).
+*Reduced-cost fixing* keeps the MILPs small: an integer column whose LP reduced cost exceeds the
+best plan's objective less the LP's bound is in no plan of that model cheaper than the best, so
+it is fixed at 0. Step 3 also prunes, by the same duals, the ways of one instance more that it
+enumerates (their bound is checked before their split: their instances at the duals' prices and
+the Lambda money their rates cannot save); step 4 does not depend on any of it.
 
 A component's block (z are fractions of a group's need, so the rows are well scaled):
 
@@ -92,6 +93,9 @@ worker slot, each slot within a worker's capacity), then for any other pool whos
 pack, while that model stays small (``MOST_ASSIGNMENT_COLUMNS``); its plan packs by
 construction. Beyond that, the plan takes the workers first-fit needs (or drops what does not
 fit: its load goes to Lambda or is unmet) and is called ``feasible``: its lower bound still holds.
+The first-fit packing goes by counts per variant and runs of identical workers
+(:func:`~modelless.scaling.problem.first_fit_workers`), so reading a plan back takes time in its
+distinct variants, not its instances (one instance at a time, 10,000 took 44-58 s).
 
 **The deadline** (:mod:`modelless.scaling.deadline`) is for the whole call. The long loops read
 the clock. Every LP of step 1 is rounded into a plan (:func:`_rounded`: each component's
@@ -99,7 +103,7 @@ likeliest choice; a chosen block as if fully on, its instances rounded up; the f
 that hold them), so a plan exists from the first LP on; the cheapest is the plan to beat, and
 with it *reduced-cost fixing*: an integer column whose LP reduced cost exceeds the best plan's
 objective less the LP's bound is in no cheaper plan, so it is fixed at 0, in the plan's MILP and
-in every proof round. The search stops early enough for its best plan to be read (packed, its
+in every later round. The search stops early enough for its best plan to be read (packed, its
 bridge priced) by the deadline: that reading's time is kept back as a share of the call's own
 scan of the variants (``FINISH_PER_SCAN``), so that a slower or busier machine keeps back more.
 Past the deadline the call returns the best plan found so far, with the
@@ -179,6 +183,7 @@ MIP_GAP = 1e-4  # HiGHS's default relative gap: what "optimal" means here
 # A plan stopped by the deadline whose certified gap is above this is checked against the greedy's.
 POOR_GAP = 0.05
 CUTOFF_SLACK = 1e-9  # a proof round's cutoff: the best plan's objective, and rounding room
+CERTIFY_SHARE = 0.25  # of the time limit, kept from the search for the proof (``_certify``)
 
 # HiGHS status codes as scipy reports them.
 _OPTIMAL, _LIMIT, _INFEASIBLE = 0, 1, 2
@@ -1070,6 +1075,12 @@ def _solve(
     def left() -> float:
         return _until(deadline, time_limit_s)
 
+    def search_end() -> float:  # steps 2 and 3 leave the proof (step 4) its share
+        return deadline - (RESERVE_SHARE + CERTIFY_SHARE) * time_limit_s
+
+    def search_left() -> float:
+        return max(0.01, search_end() - time.perf_counter())
+
     scanning = time.perf_counter()
     usable = usable_variants(problem, hard)
     # The deadline kept back the holding plan's time; reading a plan may need more.
@@ -1088,15 +1099,16 @@ def _solve(
     duals = _lp_duals(model, min(left(), LP_SHARE * time_limit_s))
     # What a proof round costs at least: its model (several times this one) and its LP.
     round_cost = PROOF_COST * (time.perf_counter() - modelled)
-    lower = -math.inf
+    # What the pattern program's bounds say (``hint``) steers the search only: whether another
+    # round may pay. The bound a plan reports comes from the compact program (``_certify``).
+    hint = -math.inf
     # Anytime: every LP's rounding is a plan, should the deadline come before a better one
     # (before the pricing that certifies it: a plan without a bound beats none).
     _offer_rounding(problem, model, duals, incumbent, hard)
     pricing = _block_pricing(problem, components, list(model.capacity_rows), hard)
     while duals is not None:
         reduced = _block_bounds(pricing, components, model, duals)
-        lower = max(lower, _lagrangian_bound(problem, components, duals, reduced, hard))
-        incumbent.lower = lower
+        hint = max(hint, _lagrangian_bound(problem, components, duals, reduced, hard))
         paying = [ci for ci, r in reduced.items() if r < 0]
         if not paying or deadline - time.perf_counter() < time_limit_s / 2:  # else the plan first
             break
@@ -1114,11 +1126,13 @@ def _solve(
     if incumbent.model is not None and incumbent.x is not None and duals is not None:
         upper_bound = float(incumbent.model.c @ incumbent.x)
         fixed = _fixed_by_reduced_cost(model, duals, upper_bound)
-        first = _attempt(model, HIGHS_SHARE * min(left(), PLAN_SHARE * time_limit_s), fixed)
+        plan_s = HIGHS_SHARE * min(search_left(), PLAN_SHARE * time_limit_s)
+        first = _abandonable(incumbent, lambda: _attempt(model, plan_s, fixed))
         if first.status == _INFEASIBLE:  # what fixing left holds nothing cheaper than the rounding
             first = _Attempt(_OPTIMAL, None, None, upper_bound, first.message)
     else:
-        first = _attempt(model, min(left(), PLAN_SHARE * time_limit_s))
+        plan_s = min(search_left(), PLAN_SHARE * time_limit_s)
+        first = _abandonable(incumbent, lambda: _attempt(model, plan_s))
     if first.status == _INFEASIBLE:
         partial = _complete(problem, components, usable, started, deadline, time_limit_s)
         if _failing_pools(problem, partial):
@@ -1128,72 +1142,74 @@ def _solve(
         incumbent.offer(model, first.x)
     if incumbent.model is None or incumbent.x is None:
         why = f"time limit of {time_limit_s:g} s reached" if first.status == _LIMIT else first.message
-        bound = None if lower == -math.inf else lower * model.scale
-        return _fallback(problem, started, deadline, time_limit_s, bound, why)
+        return _fallback(problem, started, deadline, time_limit_s, None, why)
     best_model, best_x = incumbent.model, incumbent.x
     best_value = float(best_model.c @ best_x)
 
-    # 3. The proof, while time is left: stand-ins for the blocks, true blocks where picked.
+    # 3. The search for a cheaper plan, while time is left: stand-ins for the blocks, true blocks
+    #    where picked. It ends where the pattern program's bounds say nothing is cheaper (a hint:
+    #    step 4 proves it or finds the cheaper plan).
     blocks = forced
-    proven = first.status == _OPTIMAL and lower >= best_value * (1 - MIP_GAP)
-    while not proven and deadline - RESERVE_SHARE * time_limit_s - time.perf_counter() > round_cost:
-        relaxed = _build(
-            problem,
-            components,
-            usable,
-            blocks,
-            patterns=True,
-            with_stand_ins=True,
-            deadline=hard,
-            packing=packing,
-        )
-        # Its LP: a bound, and the duals that price the ways no plan cheaper than the best one
-        # can hold (the stand-ins for them need no column: module docstring).
-        lp = _lp_duals(relaxed, min(left(), LP_SHARE * time_limit_s))
-        upper = relaxed.upper
-        prices: Prices | None = None
-        if lp is not None:  # a bound on every plan cheaper than the best (ways ruled out before)
-            lower = max(lower, min(lp.bound, best_value))
-            incumbent.lower = lower
-            if lower >= best_value * (1 - MIP_GAP):
-                proven = True
+    settled = first.status == _OPTIMAL and hint >= best_value * (1 - MIP_GAP)
+    try:  # HiGHS abandoned past its limit, or the deadline: the best plan so far goes to step 4
+        while not settled and search_end() - time.perf_counter() > round_cost:
+            relaxed = _build(
+                problem,
+                components,
+                usable,
+                blocks,
+                patterns=True,
+                with_stand_ins=True,
+                deadline=hard,
+                packing=packing,
+            )
+            # Its LP: a bound, and the duals that price the ways no plan cheaper than the best one
+            # can hold (the stand-ins for them need no column: module docstring).
+            lp = _lp_duals(relaxed, min(left(), LP_SHARE * time_limit_s))
+            upper = relaxed.upper
+            prices: Prices | None = None
+            if lp is not None:  # a bound on every plan cheaper than the best (ways ruled out before)
+                hint = max(hint, min(lp.bound, best_value))
+                if hint >= best_value * (1 - MIP_GAP):
+                    settled = True
+                    break
+                prices = Prices(lp.capacity, lp.choice, relaxed.scale, best_value - lp.bound)
+                # Every integer column, stand-ins included, that no plan cheaper than the best holds.
+                upper = _fixed_by_reduced_cost(relaxed, lp, best_value)
+            cutoff = best_value * (1 + CUTOFF_SLACK) + CUTOFF_SLACK
+            result = _attempt(relaxed, HIGHS_SHARE * search_left(), upper, cutoff)
+            if result.status == _OPTIMAL and result.x is None:  # nothing cheaper than the best plan
+                settled = True
                 break
-            prices = Prices(lp.capacity, lp.choice, relaxed.scale, best_value - lp.bound)
-            # Every integer column, stand-ins included, that no plan cheaper than the best holds.
-            upper = _fixed_by_reduced_cost(relaxed, lp, best_value)
-        cutoff = best_value * (1 + CUTOFF_SLACK) + CUTOFF_SLACK
-        result = _attempt(relaxed, HIGHS_SHARE * left(), upper, cutoff)
-        if result.dual_bound is not None:  # a relaxation of every plan cheaper than the best
-            lower = max(lower, min(result.dual_bound, best_value))
-            incumbent.lower = lower
-        if result.status == _OPTIMAL and result.x is None:  # nothing cheaper than the best plan
-            proven = True
-            break
-        if result.x is None or result.value is None:
-            break
-        picked = _stand_ins_used(relaxed, result.x)
-        if not picked and result.value < best_value:
-            best_model, best_x, best_value = relaxed, result.x, result.value
-            incumbent.offer(relaxed, result.x)
-        if result.status != _OPTIMAL:
-            break
-        if not picked:
-            proven = True
-            break
-        if deadline - time.perf_counter() < (RESERVE_SHARE + EXTEND_SHARE) * time_limit_s:
-            break  # no time to extend the patterns and solve again
-        # Picked stand-ins: patterns of one instance more, or the true blocks. So do the
-        # components whose stand-ins the duals did not rule out (they could be picked next:
-        # one at a time took a MILP per component); their new patterns, only those the duals
-        # do not rule out either.
-        chosen = set(picked)
-        chosen |= {ci for col, ci in relaxed.stand_in_cols.items() if upper[col] > 0}
-        blocks = blocks | _grow(problem, components, chosen, prices, hard)
-    if first.status == _OPTIMAL and lower >= best_value * (1 - MIP_GAP):
-        proven = True
+            if result.x is None or result.value is None:
+                break
+            picked = _stand_ins_used(relaxed, result.x)
+            if not picked and result.value < best_value:
+                best_model, best_x, best_value = relaxed, result.x, result.value
+                incumbent.offer(relaxed, result.x)
+            if result.status != _OPTIMAL:
+                break
+            if not picked:
+                settled = True
+                break
+            if search_end() - time.perf_counter() < EXTEND_SHARE * time_limit_s:
+                break  # no time to extend the patterns and solve again
+            # Picked stand-ins: patterns of one instance more, or the true blocks. So do the
+            # components whose stand-ins the duals did not rule out (they could be picked next:
+            # one at a time took a MILP per component); their new patterns, only those the duals
+            # do not rule out either.
+            chosen = set(picked)
+            chosen |= {ci for col, ci in relaxed.stand_in_cols.items() if upper[col] > 0}
+            blocks = blocks | _grow(problem, components, chosen, prices, hard)
+    except OutOfTime:
+        pass
+
+    # 4. The proof: a bound from the compact program, a relaxation of every plan that packs.
+    proven = _certify(problem, components, usable, packing, incumbent, hard, time_limit_s)
+    best_model, best_x = incumbent.model, incumbent.x
     status = PlanStatus.OPTIMAL if proven else PlanStatus.TIME_LIMIT
     notes = [] if proven else [f"milp: time limit of {time_limit_s:g} s reached before optimality was proven"]
-    bound = None if lower == -math.inf else lower * model.scale
+    bound = None if incumbent.lower == -math.inf else incumbent.lower * model.scale
     plan = _plan(problem, best_model, best_x, status, started, notes, bound)
     if _failing_pools(problem, plan):
         plan = _packed_optimum(problem, components, usable, started, deadline, time_limit_s, plan)
@@ -1208,6 +1224,71 @@ def _solve(
     if greedy.objective < plan.objective and not greedy.unmet_qps:
         return greedy
     return replace(plan, solve_seconds=time.perf_counter() - started)
+
+
+def _abandonable(incumbent: _Incumbent, call: Callable[[], _Attempt]) -> _Attempt:
+    """``call``, or where HiGHS was abandoned past its limit, no answer: with a plan in hand the
+    solve goes on to its proof with what time is left (without one, the holding plan)."""
+    try:
+        return call()
+    except OutOfTime:
+        if incumbent.model is None:
+            raise
+        return _Attempt(_LIMIT, None, None, None, "HiGHS abandoned past its time limit")
+
+
+def _certify(
+    problem: ScalingProblem,
+    components: Sequence[Component],
+    usable: Sequence[int],
+    packing: Sequence[tuple[tuple[int, str], int]],
+    incumbent: _Incumbent,
+    hard: Deadline,
+    time_limit_s: float,
+) -> bool:
+    """Whether the incumbent is optimal, proven by the *compact* program (every component's
+    block on, no patterns: :func:`solve_compact`'s model), and ``incumbent.lower`` set to the
+    bound proven. Of the models here only the compact one is a relaxation of the program as it
+    stands: its rows are the fluid resource rows, the dual feasible packing rows, the per-worker
+    copy limits and cuts that every plan that packs satisfies, while the pattern program, even
+    with its stand-ins, holds only the ways of serving a component that it enumerated (issue 32:
+    a model whose tight group needs instances and whose lax group splits between their spare
+    time and Lambda had its bound equal to a plan 26-50 % dearer than the optimum).
+
+    The compact LP's Lagrangian bound first (computed from its duals and the column bounds, so
+    that it holds whatever HiGHS's tolerances); where that does not meet the incumbent, the
+    compact MILP with the time left, told the incumbent's objective as its cutoff and with the
+    columns fixed that the LP's reduced costs rule out: HiGHS's dual bound, a plan cheaper than
+    the incumbent (it becomes the incumbent), or the proof that none is. A deadline that comes
+    first leaves what was proven by then."""
+    assert incumbent.model is not None and incumbent.x is not None
+    best = float(incumbent.model.c @ incumbent.x)
+
+    def proven() -> bool:
+        return incumbent.lower >= best * (1 - MIP_GAP) - CUTOFF_SLACK
+
+    try:
+        every = frozenset(range(len(components)))
+        model = _build(problem, components, usable, every, patterns=False, deadline=hard, packing=packing)
+        duals = _lp_duals(model, min(_until(hard.at, time_limit_s), LP_SHARE * time_limit_s))
+        if duals is None:
+            return False
+        incumbent.lower = max(incumbent.lower, min(duals.bound, best))
+        if proven():
+            return True
+        upper = _fixed_by_reduced_cost(model, duals, best)
+        cutoff = best * (1 + CUTOFF_SLACK) + CUTOFF_SLACK
+        result = _attempt(model, HIGHS_SHARE * _until(hard.at, time_limit_s), upper, cutoff)
+    except OutOfTime:
+        return proven()
+    if result.x is not None and result.value is not None and result.value < best:
+        incumbent.offer(model, result.x)
+        best = result.value
+    if result.dual_bound is not None:
+        incumbent.lower = max(incumbent.lower, min(result.dual_bound, best))
+    if result.status == _OPTIMAL:  # the search ended: nothing cheaper than ``best``
+        incumbent.lower = max(incumbent.lower, best)
+    return proven()
 
 
 # Explicit packing is added where the plan of the fluid and packing rows did not pack, while its

@@ -468,7 +468,18 @@ def pack_within(pool: ScalingPool, items: Sequence[ScalingVariant], workers: int
 def _first_fit(
     pool: ScalingPool, items: Sequence[ScalingVariant], most: int | None
 ) -> tuple[int, list[ScalingVariant]]:
+    """First fit decreasing of ``items`` (one entry per instance), by counts: the copies of one
+    variant go in one step per run of identical workers, so that its time grows with the
+    distinct variants and the runs they leave, not with the instances (30,000 copies of one
+    variant took minutes one by one). It places every copy where the one-by-one first fit would:
+    a worker that cannot take another copy of a variant never can later (its room only shrinks),
+    so the copies fill the first workers with room in order, each as many as fit."""
     resources = list(pool.capacity)
+    counts: dict[str, int] = {}
+    variants: dict[str, ScalingVariant] = {}
+    for variant in items:
+        counts[variant.id] = counts.get(variant.id, 0) + 1
+        variants.setdefault(variant.id, variant)
 
     def share(variant: ScalingVariant) -> float:
         return max(
@@ -476,40 +487,85 @@ def _first_fit(
             default=0,
         )
 
-    # The variants with the most copies per their per-worker limit go first (they need the most
-    # distinct workers), then the largest first.
-    counts: dict[str, int] = {}
-    for variant in items:
-        counts[variant.id] = counts.get(variant.id, 0) + 1
-
     def spread(variant: ScalingVariant) -> float:
+        # The variants with the most copies per their per-worker limit go first (they need the
+        # most distinct workers), then the largest first.
         return counts[variant.id] / variant.max_per_worker if variant.max_per_worker else 0.0
 
-    free: list[list[float]] = []
-    copies: list[dict[str, int]] = []
+    runs: list[_Run] = []
+    used = 0
     left_out: list[ScalingVariant] = []
-    for variant in sorted(items, key=lambda v: (-spread(v), -share(v), v.id)):
-        demand = [variant.demand.get(r, 0.0) for r in resources]
+    for variant in sorted(variants.values(), key=lambda v: (-spread(v), -share(v), v.id)):
+        wanted = counts[variant.id]
         limit = math.inf if variant.max_per_worker is None else variant.max_per_worker
         if limit < 1 or any(
             amount > pool.capacity.get(r, 0.0) + 1e-9 for r, amount in variant.demand.items() if amount > 0
         ):
-            left_out.append(variant)
+            left_out.extend([variant] * wanted)
             continue
-        for room, held in zip(free, copies, strict=True):
-            fits = all(d <= f + 1e-9 for d, f in zip(demand, room, strict=True))
-            if fits and held.get(variant.id, 0) < limit:
-                for index, amount in enumerate(demand):
-                    room[index] -= amount
-                held[variant.id] = held.get(variant.id, 0) + 1
-                break
-        else:
-            if most is not None and len(free) >= most:
-                left_out.append(variant)
-                continue
-            free.append([pool.capacity[r] - d for r, d in zip(resources, demand, strict=True)])
-            copies.append({variant.id: 1})
-    return len(free), left_out
+        demand = [variant.demand.get(r, 0.0) for r in resources]
+        position = 0
+        while wanted and position < len(runs):
+            run = runs[position]
+            fits = min(limit - run.held.get(variant.id, 0), _copies_within(run.room, demand))
+            if fits >= 1:
+                wanted = _fill(runs, position, variant.id, demand, int(min(fits, wanted)), wanted)
+            position += 1
+        if wanted:
+            per_new = min(limit, _copies_within([pool.capacity[r] for r in resources], demand))
+            per_new = int(min(per_new, wanted))
+            opened = -(-wanted // per_new)
+            if most is not None and used + opened > most:
+                opened = max(0, most - used)
+            placed = min(wanted, opened * per_new)
+            if opened:
+                fresh = _Run(opened, [pool.capacity[r] for r in resources], {})
+                runs.append(fresh)
+                used += opened
+                _fill(runs, len(runs) - 1, variant.id, demand, per_new, placed)
+            left_out.extend([variant] * (wanted - placed))
+    return used, left_out
+
+
+@dataclass
+class _Run:
+    """Workers in a row that hold the same: how many, each one's room per resource, its copies."""
+
+    workers: int
+    room: list[float]
+    held: dict[str, int]
+
+
+def _copies_within(room: Sequence[float], demand: Sequence[float]) -> float:
+    """Copies of ``demand`` that fit ``room`` in every resource (inf where it demands nothing)."""
+    fits = math.inf
+    for left, amount in zip(room, demand, strict=True):
+        if amount > 0:
+            fits = min(fits, math.floor((left + 1e-9) / amount))
+    return max(fits, 0)
+
+
+def _fill(
+    runs: list[_Run], position: int, variant_id: str, demand: Sequence[float], each: int, copies: int
+) -> int:
+    """Put ``copies`` of a variant into the run at ``position``, ``each`` per worker from its
+    first (the last one filled may take fewer): the run splits into the workers filled, the one
+    filled in part and those left as they were. Returns the copies that did not fit."""
+    run = runs[position]
+    full = min(run.workers, copies // each)
+    part = copies - full * each if full < run.workers else 0
+    pieces: list[_Run] = []
+    for workers, taken in ((full, each), (1 if part else 0, part)):
+        if workers:
+            room = [left - taken * amount for left, amount in zip(run.room, demand, strict=True)]
+            held = dict(run.held)
+            held[variant_id] = held.get(variant_id, 0) + taken
+            pieces.append(_Run(workers, room, held))
+    rest = run.workers - full - (1 if part else 0)
+    if rest:
+        pieces.append(_Run(rest, run.room, run.held))
+    runs[position : position + 1] = pieces
+    return copies - full * each - part
 
 
 def plan_costs(
