@@ -413,8 +413,11 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         "a second may pay), whose LP relaxation is far tighter than the compact program's; ways with "
         "more instances are first replaced by stand-ins that relax them (least resources, least "
         "cost), and only where the optimum picks a stand-in do they get their true patterns or "
-        "compact rows. The plan's lower bound comes from LP duality and from HiGHS's bound on that "
-        "relaxation, so a plan stopped by the deadline still says how far from optimal it can be.",
+        "compact rows. That search only finds plans: the pattern program is a restriction, so the plan's "
+        "lower bound (its certified gap, and \"optimal\") comes from the compact program alone, a "
+        "relaxation of every plan that packs: its LP's bound, then HiGHS on its MILP with the plan's "
+        "objective as the cutoff (`exact._certify`, issue 32). Where that does not finish within the "
+        "limit, the plan has no certified gap (\u2014).",
     ]
     write_fragment(out, "scaler", "\n".join(lines), {**report, "headlines": _headlines(report)})
 
@@ -433,7 +436,7 @@ def _headlines(report: dict[str, Any]) -> list[str]:
             f"{_spread([r['exact']['seconds'] for r in runs], digits=2)} s ({to_proof}/{len(runs)} "
             f"proven within {report['time_limit_s']:g} s); within the scaler's {limit:g} s limit "
             f"{proven}/{len(runs)} proven, largest certified gap {_fmt(_largest_gap(runs))} %"
-            + (f" ({uncertified} without a certified gap: the greedy's plan)" if uncertified else "")
+            + (f" ({uncertified} without a certified gap)" if uncertified else "")
         )
     gap = report["greedy_gap"]
     found.append(

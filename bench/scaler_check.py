@@ -29,7 +29,8 @@ reference's answer, the plan's, and the command that reproduces it.
 Sources: ``tiny`` (:func:`random_problem` at its tiny size: brute force and CBC), ``small`` (up to
 3 pools, 4 groups, 6 variants: CBC, and the brute force where it is small enough), ``medium``
 (up to 8 variants, needs up to 8 times larger: dozens of instances; CBC), ``mp1`` and ``mp2``
-(``sim.problems.make_problem`` with 1 and 2 architectures: CBC).
+(``sim.problems.make_problem`` with 1 and 2 architectures: CBC). ``--case`` also takes the oracle
+test's shapes (``tests/scaling_shapes.py``), e.g. ``--case must_cover_and_lax:17``.
 """
 
 from __future__ import annotations

@@ -732,14 +732,19 @@ TINY_COMBINATIONS = 4_000  # instance vectors a "tiny" problem may have (the bru
 
 def case_problem(case: str) -> ScalingProblem:
     """The problem a case name stands for: ``tiny:SEED`` and ``small:SEED`` (:func:`random_problem`),
-    ``mp1:SEED`` and ``mp2:SEED`` (``sim.problems.make_problem`` with 1 and 2 architectures)."""
+    ``mp1:SEED`` and ``mp2:SEED`` (``sim.problems.make_problem`` with 1 and 2 architectures), and
+    ``SHAPE:SEED`` for the shapes of ``tests/scaling_shapes.py`` (the oracle test's)."""
     source, _, seed_text = case.partition(":")
     seed = int(seed_text)
     if source in SIZES:
         return random_problem(seed, source)
     if source in ("mp1", "mp2"):
         return make_problem(int(source[2:]), seed)
-    raise ValueError(f"unknown source {source!r} (tiny, small, medium, mp1, mp2)")
+    from tests.scaling_shapes import SHAPES, shaped_problem  # (it draws with this module's helpers)
+
+    if source in SHAPES:
+        return shaped_problem(source, seed)
+    raise ValueError(f"unknown source {source!r} (tiny, small, medium, mp1, mp2, {', '.join(SHAPES)})")
 
 
 def combinations(problem: ScalingProblem) -> int:
