@@ -472,3 +472,21 @@ def test_first_fit_packs_thirty_thousand_copies_of_one_variant() -> None:
     # 30,000 workers of one copy each; the 45,000 others fill their rooms three at a time.
     assert first_fit_workers(pool, [alone] * 30_000 + [shared] * 45_000) == 30_000
     assert first_fit_workers(pool, [alone] * 30_000 + [shared] * 90_001) == 30_001
+
+
+def test_a_set_that_packs_tighter_is_not_dominated_by_one_of_fewer_resources() -> None:
+    """Issue 32's mechanism (the oracle's tight_packing seed 500187): three instances of 0.55 of
+    a worker use less in aggregate than two of 0.55 and two of 0.34, but need three workers where
+    the four pack into two. With dominance on aggregate shares the four were dropped, and a plan
+    one worker dearer came back "optimal"; the optimum is two workers and Lambda for the rest."""
+    pool = ScalingPool("p1", 2e-4, {VCPU: 4.0}, 0, 3)
+    fast = ScalingVariant("fast", "p1", {"g": 15.0}, {VCPU: 2.2})
+    slow = ScalingVariant("slow", "p1", {"g": 5.0}, {VCPU: 1.36}, max_per_worker=1)
+    other = ScalingVariant("other", "p1", {"g": 10.0}, {VCPU: 2.2}, load_time_ms=500.0, max_per_worker=1)
+    group = ScalingGroup("g", 43.12, 100.0, 6e-5, 0.05)
+    problem = ScalingProblem([fast, slow, other], [pool], [group])
+    plan = solve_exact(problem, time_limit_s=10.0)
+    two_workers = 2 * 2e-4 + (43.12 - 40.0) * 6e-5
+    assert plan.objective == pytest.approx(two_workers, rel=1e-6)
+    assert plan.instances == {("fast", "p1"): 2, ("slow", "p1"): 2} and plan.workers == {"p1": 2}
+    assert plan.status is PlanStatus.OPTIMAL and violations(problem, plan) == []

@@ -51,6 +51,8 @@ Every bound a plan reports, and so every ``optimal``, comes from step 4: the com
    proof that none is. Issue 32 found why the pattern program's own bounds could not be reported:
    on one model with a group Lambda may not serve and one it may, 22-23 % of random problems had
    a plan one instance dearer than the optimum called optimal, with a "bound" equal to its cost.
+   (Patterns were pruned by dominance on aggregate shares, which a set that packs worse can win;
+   dominance now compares the packing rows too, :func:`~modelless.scaling.patterns._set_table`.)
 
 The plan's ``lower_bound`` is step 4's bound; its status is ``optimal`` once that bound meets its
 objective (within HiGHS's 0.01 % gap), ``time_limit`` when the deadline came first. Step 4 has
@@ -141,11 +143,13 @@ from modelless.scaling.deadline import (
 )
 from modelless.scaling.greedy import solve_greedy
 from modelless.scaling.patterns import (
+    PACKING_KS,
     Component,
     Pattern,
     Prices,
     components_of,
     extend,
+    packing_share,
     stand_ins,
     usable_variants,
     within,
@@ -278,19 +282,6 @@ def _instance_bound(variant: ScalingVariant, needs: Mapping[str, float]) -> int:
     return max(1, math.ceil(share - 1e-9))
 
 
-def packing_share(share: float, k: int) -> float:
-    """Fekete and Schepers' dual feasible function u^(k) of an item's share of a worker: items
-    that fit one worker together have u^(k) shares adding up to at most 1, so ``Σ u^(k)(share)·n
-    <= w`` holds for every plan that packs (a valid row, tighter than the fluid ``Σ share·n <= w``
-    for items above 1/(k+1) of a worker: with k = 1, two items over half a worker need two)."""
-    scaled = (k + 1) * share
-    whole = round(scaled)
-    if abs(scaled - whole) <= 1e-9:
-        return share
-    return math.floor(scaled) / k
-
-
-PACKING_KS = (1, 2, 3)
 
 
 def _useful_packing_rows(

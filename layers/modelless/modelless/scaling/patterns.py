@@ -642,6 +642,27 @@ def extend(
 # ----------------------------------------------------------------------------- dominance
 
 
+def packing_share(share: float, k: int) -> float:
+    """Fekete and Schepers' dual feasible function u^(k) of an item's share of a worker: items
+    that fit one worker together have u^(k) shares adding up to at most 1, so ``Σ u^(k)(share)·n
+    <= w`` holds for every plan that packs (a valid row, tighter than the fluid ``Σ share·n <= w``
+    for items above 1/(k+1) of a worker: with k = 1, two items over half a worker need two)."""
+    scaled = (k + 1) * share
+    whole = round(scaled)
+    if abs(scaled - whole) <= 1e-9:
+        return share
+    return math.floor(scaled) / k
+
+
+PACKING_KS = (1, 2, 3)
+
+def _packing_shares(shares: Any, k: int) -> Any:
+    """:func:`packing_share` of every entry of an array of shares."""
+    scaled = (k + 1) * shares
+    whole = np.abs(scaled - np.round(scaled)) <= 1e-9
+    return np.where(whole, shares, np.floor(scaled) / k)
+
+
 def _resource_keys(problem: ScalingProblem) -> list[tuple[int, str]]:
     """The (pool index, resource) columns of a pattern's table, in the problem's order."""
     return [(pi, r) for pi, pool in enumerate(problem.pools) for r in pool.capacity]
@@ -690,14 +711,24 @@ def _set_table(problem: ScalingProblem, variants: Any, cost: Any, lambda_use: An
     pools = {pool.name: pi for pi, pool in enumerate(problem.pools)}
     pool_of = np.array([pools[problem.variants[int(vi)].pool] for vi in distinct], dtype=np.int64)
     per_worker = np.array([max(1, problem.per_worker(problem.variants[int(vi)])) for vi in distinct])
-    table = np.zeros((count, len(keys) + len(problem.pools) + 2))
-    table[:, : len(keys)] = usage[local].sum(axis=1) if k else 0.0
+    # Per (pool, resource): the fluid share, then the dual feasible functions' shares, one
+    # column per k: a set that dominates another must use no more of any row a model holds, the
+    # packing rows included. On aggregate shares alone, three instances of 0.55 of a worker
+    # "dominated" two of 0.55 and two of 0.34 (less in all), though they need three workers
+    # where the four pack into two: the optimum was dropped and its bound was wrong (issue 32).
+    width = len(keys) * (1 + len(PACKING_KS))
+    table = np.zeros((count, width + len(problem.pools) + 2))
+    if k:
+        table[:, : len(keys)] = usage[local].sum(axis=1)
+        for position, kk in enumerate(PACKING_KS, start=1):
+            shares = _packing_shares(usage, kk)[local].sum(axis=1)
+            table[:, position * len(keys) : (position + 1) * len(keys)] = shares
     table[:, -2] = lambda_use
     rows = np.arange(count)
     for j in range(k):
         copies = (local == local[:, j : j + 1]).sum(axis=1)
         workers = np.ceil(copies / per_worker[local[:, j]])
-        np.maximum.at(table, (rows, len(keys) + pool_of[local[:, j]]), workers)
+        np.maximum.at(table, (rows, width + pool_of[local[:, j]]), workers)
     table[:, -1] = cost
     return table
 
@@ -705,7 +736,7 @@ def _set_table(problem: ScalingProblem, variants: Any, cost: Any, lambda_use: An
 def _pattern_table(problem: ScalingProblem, patterns: Sequence[Pattern]) -> Any:
     """``_set_table`` of patterns of any sizes."""
     keys = _resource_keys(problem)
-    table = np.zeros((len(patterns), len(keys) + len(problem.pools) + 2))
+    table = np.zeros((len(patterns), len(keys) * (1 + len(PACKING_KS)) + len(problem.pools) + 2))
     by_size: dict[int, list[int]] = {}
     for row, pattern in enumerate(patterns):
         by_size.setdefault(len(pattern.instances), []).append(row)
