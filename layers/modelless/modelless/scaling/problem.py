@@ -552,6 +552,12 @@ def _fill(
     first (the last one filled may take fewer): the run splits into the workers filled, the one
     filled in part and those left as they were. Returns the copies that did not fit."""
     run = runs[position]
+    if run.workers == 1:  # the common case: one worker filled in place, no copies of its state
+        taken = min(each, copies)
+        for index, amount in enumerate(demand):
+            run.room[index] -= taken * amount
+        run.held[variant_id] = run.held.get(variant_id, 0) + taken
+        return copies - taken
     full = min(run.workers, copies // each)
     part = copies - full * each if full < run.workers else 0
     pieces: list[_Run] = []
