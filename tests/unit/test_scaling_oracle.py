@@ -39,7 +39,9 @@ SOLVER_LIMIT_S = 1.0  # the scaler's deadline
 BRUTE_LIMIT = 600
 # What is a failure (bench/scaler_check.py's kinds); "dearer" (an honest gap) and a reference
 # that did not prove its optimum in time are not. A valid plan that packs and is cheaper than
-# CBC's "optimum" proves CBC wrong, not the plan: that is counted, as a reference's error.
+# CBC's "optimum", or leaves less unmet than CBC's least, proves CBC wrong, not the plan: that is
+# counted, as a reference's error (CBC 2.10 did both here, where the brute force agreed with the
+# plan: several_pools 18, mixed 500138, ties 500157, infeasible_load 853584371).
 WRONG = (
     "violations",
     "not_packable",
@@ -48,7 +50,7 @@ WRONG = (
     "false_optimal",
     "objective_mismatch",
 )
-REFERENCE_WRONG = ("cheaper_than_optimum", "references_disagree")
+REFERENCE_WRONG = ("cheaper_than_optimum", "reference_unmet_above_a_plan", "references_disagree")
 MOST_UNSETTLED = 0.02  # of a shape's instances, at most, whose reference stopped unproven or erred
 MOST_PRINTED = 5
 
@@ -64,6 +66,9 @@ def test_no_false_optimum_no_false_bound_and_every_plan_packs(shape: str) -> Non
         plan = solve_exact(problem, time_limit_s=SOLVER_LIMIT_S)
         reference, disagreements = references(problem, shape, BRUTE_LIMIT)
         judged = {**disagreements, **judge(problem, plan, reference)}
+        valid = "violations" not in judged and "not_packable" not in judged
+        if valid and "unmet_mismatch" in judged and sum(plan.unmet_qps.values()) < reference.unmet_qps:
+            judged["reference_unmet_above_a_plan"] = judged.pop("unmet_mismatch")
         if not reference.proven or any(kind in judged for kind in REFERENCE_WRONG):
             unsettled.append(f"seed {seed}: {judged or 'CBC stopped unproven'}")
         found = {kind: what for kind, what in judged.items() if kind in WRONG}
