@@ -150,6 +150,7 @@ from modelless.scaling.patterns import (
     components_of,
     extend,
     packing_share,
+    packing_shares,
     stand_ins,
     usable_variants,
     within,
@@ -283,7 +284,6 @@ def _instance_bound(variant: ScalingVariant, needs: Mapping[str, float]) -> int:
 
 
 
-
 def _useful_packing_rows(
     problem: ScalingProblem, usable: Sequence[int], deadline: Deadline | None
 ) -> list[tuple[tuple[int, str], int]]:
@@ -305,9 +305,7 @@ def _useful_packing_rows(
     for key, values in shares.items():
         share = np.unique(np.asarray(values))
         for k in PACKING_KS:
-            scaled = (k + 1) * share
-            whole = np.abs(scaled - np.round(scaled)) <= 1e-9
-            if np.any(~whole & (np.floor(scaled) / k > share + 1e-9)):
+            if np.any(packing_shares(share, k) > share + 1e-9):
                 found.append((key, k))
     return sorted(found)
 
@@ -1134,8 +1132,7 @@ def _solve(
     if incumbent.model is None or incumbent.x is None:
         why = f"time limit of {time_limit_s:g} s reached" if first.status == _LIMIT else first.message
         return _fallback(problem, started, deadline, time_limit_s, None, why)
-    best_model, best_x = incumbent.model, incumbent.x
-    best_value = float(best_model.c @ best_x)
+    best_value = float(incumbent.model.c @ incumbent.x)
 
     # 3. The search for a cheaper plan, while time is left: stand-ins for the blocks, true blocks
     #    where picked. It ends where the pattern program's bounds say nothing is cheaper (a hint:
@@ -1176,7 +1173,7 @@ def _solve(
                 break
             picked = _stand_ins_used(relaxed, result.x)
             if not picked and result.value < best_value:
-                best_model, best_x, best_value = relaxed, result.x, result.value
+                best_value = result.value
                 incumbent.offer(relaxed, result.x)
             if result.status != _OPTIMAL:
                 break

@@ -656,7 +656,8 @@ def packing_share(share: float, k: int) -> float:
 
 PACKING_KS = (1, 2, 3)
 
-def _packing_shares(shares: Any, k: int) -> Any:
+
+def packing_shares(shares: Any, k: int) -> Any:
     """:func:`packing_share` of every entry of an array of shares."""
     scaled = (k + 1) * shares
     whole = np.abs(scaled - np.round(scaled)) <= 1e-9
@@ -721,7 +722,7 @@ def _set_table(problem: ScalingProblem, variants: Any, cost: Any, lambda_use: An
     if k:
         table[:, : len(keys)] = usage[local].sum(axis=1)
         for position, kk in enumerate(PACKING_KS, start=1):
-            shares = _packing_shares(usage, kk)[local].sum(axis=1)
+            shares = packing_shares(usage, kk)[local].sum(axis=1)
             table[:, position * len(keys) : (position + 1) * len(keys)] = shares
     table[:, -2] = lambda_use
     rows = np.arange(count)

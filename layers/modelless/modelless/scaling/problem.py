@@ -492,6 +492,7 @@ def _first_fit(
         # most distinct workers), then the largest first.
         return counts[variant.id] / variant.max_per_worker if variant.max_per_worker else 0.0
 
+    capacity = [pool.capacity[r] for r in resources]
     runs: list[_Run] = []
     used = 0
     left_out: list[ScalingVariant] = []
@@ -512,15 +513,14 @@ def _first_fit(
                 wanted = _fill(runs, position, variant.id, demand, int(min(fits, wanted)), wanted)
             position += 1
         if wanted:
-            per_new = min(limit, _copies_within([pool.capacity[r] for r in resources], demand))
+            per_new = min(limit, _copies_within(capacity, demand))
             per_new = int(min(per_new, wanted))
             opened = -(-wanted // per_new)
             if most is not None and used + opened > most:
                 opened = max(0, most - used)
             placed = min(wanted, opened * per_new)
             if opened:
-                fresh = _Run(opened, [pool.capacity[r] for r in resources], {})
-                runs.append(fresh)
+                runs.append(_Run(opened, list(capacity), {}))
                 used += opened
                 _fill(runs, len(runs) - 1, variant.id, demand, per_new, placed)
             left_out.extend([variant] * (wanted - placed))
