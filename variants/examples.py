@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from modelless.archives import open_zip, read_npz_member
+from modelless.archives import open_zip, read_npz_members
 from modelless.config import get_settings
 from modelless.tensors import from_feeds
 from modelless.types import TensorSpec
@@ -58,33 +58,27 @@ def read_examples(
     ``MODELLESS_MAX_VALSET_UNPACKED_BYTES``), each checked before it is inflated, as
     registration read them (``modelless.archives``)."""
     limit = get_settings().valset_unpacked_limit if max_unpacked_bytes is None else max_unpacked_bytes
-    left = limit
     with open_zip(valset, "the validation set") as archive:
         infos = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}
-
-        def read(member: str) -> np.ndarray:
-            nonlocal left
-            array = read_npz_member(
-                archive,
-                infos[member],
-                left,
-                f"validation array {member!r}",
-                f"the validation set may unpack to at most {limit} bytes",
-            )
-            left -= array.nbytes
-            return array
-
-        labels = read("labels").astype(np.int64)
-        arrays: dict[str, np.ndarray] = {}
+        members = {"labels": "labels"}
         for spec in specs:
             if len(specs) == 1 and "inputs" in infos:
-                arrays[spec.name] = read("inputs")
+                members[spec.name] = "inputs"
             elif spec.name in infos:
-                arrays[spec.name] = read(spec.name)
+                members[spec.name] = spec.name
             else:
                 raise ValueError(
                     f"the validation set has no array for input {spec.name!r}: it holds {sorted(infos)}"
                 )
+        loaded = read_npz_members(
+            archive,
+            {member: infos[member] for member in members.values()},
+            limit,
+            lambda member: f"validation array {member!r}",
+            f"the validation set may unpack to at most {limit} bytes",
+        )
+    labels = loaded["labels"].astype(np.int64)
+    arrays = {spec.name: loaded[members[spec.name]] for spec in specs}
     fixed = [TensorSpec(s.name, list(arrays[s.name].shape[1:]), s.dtype) for s in specs]
     return from_feeds(arrays, fixed), labels
 

@@ -171,7 +171,7 @@ class LocalStack:
             self._scaling.join(timeout=30)  # a tick in progress finishes before its workers go
         if self.provider is not None:
             self.provider.close()
-        self.pool.close()
+        self.pool.close(stopping=self.leave_selection)  # no report of a stopped worker stays
         if self.warm_pool is not None:
             self.warm_pool.close()
         self.lambda_tier.close()

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from tests.models import linear_model
 from tests.waiting import scaled, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+# docs/OPERATIONS.md: a killed stack's children stop by themselves within this long.
+ORPHANS_STOP_S = 1.0
 
 
 def children_of(pid: int) -> set[int]:
@@ -148,6 +151,8 @@ def test_sigterm_drains_the_query_in_flight_stops_every_child_and_exits_0(
     assert np.asarray(outcome[0]["outputs"]).shape == (1, 10)
     assert not [p for p in everyone if running(p)], "a child outlived the stack"
     assert "modelless: stopped" in stack_process.output()
+    # Issue 33: a stopped worker's record stayed in the store after the stack's SIGTERM.
+    assert redis_store.list_worker_reports("cpu") == [], "a stopped worker's report outlived it"
 
 
 def test_a_killed_stack_leaves_no_orphans(stack_process: StackProcess) -> None:
@@ -156,7 +161,15 @@ def test_a_killed_stack_leaves_no_orphans(stack_process: StackProcess) -> None:
     assert orphans
     stack_process.process.kill()  # no chance to stop anything
     stack_process.process.wait()
-    wait_for(lambda: not any(running(p) for p in orphans), 15, "the orphaned workers to exit")
+    killed = time.monotonic()
+    wait_for(
+        lambda: not any(running(p) for p in orphans), 15, "the orphaned workers to exit", interval_s=0.01
+    )
+    stopped_s = time.monotonic() - killed
+    numbers = {"children": len(orphans), "all_stopped_s": round(stopped_s, 3)}
+    print(f"\nFAULT killed-stack: {json.dumps(numbers)}")
+    # Each sees its parent gone at once (a pidfd) and drains in DRAIN_QUIET_S (0.3 s).
+    assert stopped_s < scaled(ORPHANS_STOP_S), f"the orphans took {stopped_s:.2f} s to stop"
 
 
 def test_a_worker_id_carries_a_boot_nonce(tmp_path: Path) -> None:

@@ -184,6 +184,21 @@ def test_killed_worker_is_unreachable_and_its_state_goes_stale(
     assert redis_store.list_workers("cpu") == []
 
 
+def test_a_worker_sent_sigterm_withdraws_its_report_before_it_exits(
+    pool: LocalWorkerPool, redis_store: RedisMetadataStore
+) -> None:
+    """Issue 33: after SIGTERM a stale record stayed in Redis (until it aged out, and for
+    ``list_worker_reports``, the pool providers' view, for good). Sent from outside the pool, as
+    systemd or an operator would, so that nothing but the worker itself removes it."""
+    state = start_worker(pool, redis_store)
+    child = pool.workers()[state.worker_id]
+
+    child.process.send_signal(signal.SIGTERM)
+
+    assert child.process.wait(scaled(10)) == 0
+    assert [w.worker_id for w in redis_store.list_worker_reports()] == []
+
+
 # --- the dispatcher's retry on the Lambda tier ------------------------------------------------
 
 
@@ -520,7 +535,6 @@ def test_worker_command_line_refuses_what_it_cannot_serve_with(
         )
     assert exited.value.code == 2
     assert complaint in capsys.readouterr().err
-
 
 
 def test_worker_binds_every_interface_on_a_fixed_port_and_reports_the_advertised_address(

@@ -26,7 +26,6 @@ from fastapi.testclient import TestClient
 
 from modelless.api import create_app
 from modelless.api.app import GATEWAY_THREADS
-from modelless.api.deadlines import REPLY_SLACK_S
 from modelless.api.services import Services, build_services
 from modelless.config import Settings
 from modelless.dispatch import attempts
@@ -528,8 +527,8 @@ def test_a_query_is_answered_by_its_deadline_whatever_holds_its_thread(
     assert error["code"] == "deadline_exceeded"
     assert "deadline" in error["message"] and "100 ms budget + 0.5 s grace" in error["message"]
     assert response.headers["Retry-After"] == "1"
-    # Due at 0.1 s + 0.5 s after arrival, plus the route's REPLY_SLACK_S.
-    assert 0.6 <= elapsed < 0.6 + REPLY_SLACK_S + 1.0
+    # Due at 0.1 s + 0.5 s after arrival (1 s more for a busy machine's round trip).
+    assert 0.6 <= elapsed < 0.6 + 1.0
 
 
 def test_the_gateway_has_threads_for_queries_held_by_a_hung_worker(api: Api) -> None:

@@ -6,7 +6,10 @@ gets its first reply and creates nothing twice.
 - a model that passes onnx's checker, and runs on synthetic inputs, but not on its validation set;
 - imported profiles with absurd numbers;
 - /v1/workers, which shows an app only its own instances (the admin key sees all);
-- register_model retried with its Idempotency-Key, by hand and by the client.
+- register_model retried with its Idempotency-Key, by hand and by the client;
+- issue 33's cases: a validation set that declares its whole limit in its first array, bad
+  worker reports, a query parameter given twice, a JSON body sent as another content type, a
+  method a path does not serve.
 """
 
 from __future__ import annotations
@@ -392,3 +395,167 @@ def test_the_client_sends_one_key_per_call_and_its_retries_reuse_it(api: Api, tm
         client.register_model("linear", model, valset, "digits")
     assert refused.value.status == 409 and refused.value.code == "conflict"
     assert len(seen) == 4 and seen[3] != seen[0]
+
+
+# --- issue 33: the last 500s, silent coercions and slow refusals -------------------------------
+
+
+def test_a_validation_set_whose_first_array_declares_the_whole_limit_is_413_before_inflating(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The labels come after inputs that declare exactly the unpacked limit: refused on what
+    the headers declare, no array data inflated (it cost ~12 s per 1 MB request before)."""
+    import modelless.archives as archives_module
+
+    inflated: list[tuple[int, ...]] = []
+    real = archives_module._read_data
+
+    def counting(stream: Any, shape: tuple[int, ...], *rest: Any) -> np.ndarray:
+        inflated.append(shape)
+        return real(stream, shape, *rest)
+
+    monkeypatch.setattr(archives_module, "_read_data", counting)
+    key = api.create_app("digits")
+    limit = 4 * MAX_VALSET  # the unpacked limit, derived from the file's own
+    buffer = io.BytesIO()
+    np.savez_compressed(
+        buffer, inputs=np.zeros((limit // 256, 1, 8, 8), np.float32), labels=np.zeros(limit // 256, np.int64)
+    )
+    assert len(buffer.getvalue()) < MAX_VALSET
+    before = everything(api)
+
+    error = error_of(register(api, key, valset=buffer.getvalue()), 413)
+
+    assert error["details"]["setting"] == "MODELLESS_MAX_VALSET_UNPACKED_BYTES"
+    assert "bytes of array data in all" in error["message"]
+    assert inflated == []
+    assert everything(api) == before
+
+
+def worker_report(**changes: Any) -> dict[str, Any]:
+    instance = InstanceStats("digits/linear/fp32-all/cpu", InstanceState.ACTIVE, 1.0, 1.0, 2.0, 0)
+    state = WorkerState("cpu-0-abc123", "cpu", "http://127.0.0.1:9", 0.5, 1, time.time(), (instance,))
+    report: dict[str, Any] = json.loads(state.to_json())
+    report.update(changes)
+    return report
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"not json", "Invalid JSON"),
+        (b"[]", "body"),
+        (b"{}", "worker_id: Field required"),
+        (
+            json.dumps({k: v for k, v in worker_report().items() if k != "pool"}).encode(),
+            "pool: Field required",
+        ),
+        (json.dumps(worker_report(free_slots="1")).encode(), "free_slots"),
+        (json.dumps(worker_report(free_slots=True)).encode(), "free_slots"),
+        (json.dumps(worker_report(utilisation=float("inf"))).encode(), "utilisation"),
+        (json.dumps(worker_report(utilisation=float("nan"))).encode(), "utilisation"),
+        (json.dumps(worker_report(instances=[{"variant_id": "v"}])).encode(), "instances.0.state"),
+        (
+            json.dumps(worker_report(instances=[{**worker_report()["instances"][0], "state": "x"}])).encode(),
+            "state",
+        ),
+    ],
+    ids=[
+        "not-json",
+        "array",
+        "empty",
+        "no-pool",
+        "text-count",
+        "bool-count",
+        "inf",
+        "nan",
+        "bare-instance",
+        "state",
+    ],
+)
+def test_a_bad_worker_report_is_400_and_stores_nothing(api: Api, body: bytes, problem: str) -> None:
+    response = api.client.post("/internal/worker-state", content=body, headers=ADMIN)
+    error = error_of(response, 400)
+    assert error["code"] == "bad_request" and problem in error["message"], error["message"]
+    assert api.store.list_worker_reports() == []
+
+
+def test_a_worker_report_is_stored_and_withdrawn_with_the_admin_key_only(api: Api) -> None:
+    report = json.dumps(worker_report()).encode()
+    key = api.create_app("digits")
+    assert api.client.post("/internal/worker-state", content=report, headers=key).status_code in (401, 403)
+    assert api.client.post("/internal/worker-state", content=report, headers=ADMIN).status_code == 204
+    assert [w.worker_id for w in api.store.list_worker_reports()] == ["cpu-0-abc123"]
+    assert api.client.delete("/internal/worker-state/cpu-0-abc123", headers=key).status_code in (401, 403)
+    assert api.client.delete("/internal/worker-state/cpu-0-abc123", headers=ADMIN).status_code == 204
+    assert api.store.list_worker_reports() == []
+
+
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("POST", "/v1/online_query?appID=digits&latency=5&latency=500"),
+        ("POST", "/v1/online_query?appID=digits&appID=digits&accuracy=0.5"),
+        ("POST", "/v1/online_query?appID=digits&accuracy=0.5&accur%61cy=0.9"),
+        ("GET", "/v1/pipelines?appID=digits&appID=other"),
+        ("GET", "/v1/models?modelName=a&modelName=b"),
+    ],
+)
+def test_a_parameter_given_twice_is_400_naming_it(api: Api, method: str, url: str) -> None:
+    key = api.create_app("digits")
+    seed_digits(api, "digits")
+    before = everything(api)
+    body = io.BytesIO()
+    np.save(body, np.zeros((1, 1, 8, 8), np.float32))
+    response = api.client.request(
+        method, url, content=body.getvalue(), headers={**key, "Content-Type": "application/x-npy"}
+    )
+    error = error_of(response, 400)
+    assert "more than once" in error["message"]
+    assert len(error["details"]["parameters"]) == 1
+    assert error["details"]["parameters"][0] in url
+    assert everything(api) == before
+
+
+def json_body_operations(api: Api) -> list[tuple[str, str, dict[str, Any]]]:
+    """(method, path with its parameters filled, its responses) of every operation the schema
+    says takes JSON."""
+    operations = []
+    for path, methods in api.client.get("/openapi.json").json()["paths"].items():
+        for method, operation in methods.items():
+            content = operation.get("requestBody", {}).get("content", {})
+            if "application/json" in content:
+                filled = re.sub(r"\{[^}]+\}", "digits", path)
+                operations.append(
+                    (method.upper(), filled, {"responses": operation["responses"], "content": content})
+                )
+    return operations
+
+
+def test_every_json_operation_refuses_another_content_type_with_a_415_naming_it(api: Api) -> None:
+    operations = json_body_operations(api)
+    assert len(operations) >= 8
+    before = everything(api)
+    for method, path, documented in operations:
+        assert "415" in documented["responses"], (method, path)
+        for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+            if content_type in documented["content"]:
+                continue  # register_model takes s3:// URIs as form fields too
+            response = api.client.request(
+                method, path, content=b'{"appID": "digits"}', headers={**ADMIN, "Content-Type": content_type}
+            )
+            error = error_of(response, 415)
+            assert content_type in error["message"], (method, path, error["message"])
+    assert everything(api) == before
+
+
+def test_a_method_a_path_does_not_serve_is_405_allowing_every_method_it_documents(api: Api) -> None:
+    for path, methods in api.client.get("/openapi.json").json()["paths"].items():
+        documented = {method.upper() for method in methods}
+        url = re.sub(r"\{[^}]+\}", "digits", path)
+        for method in {"OPTIONS", "PATCH", "PUT", "DELETE", "POST", "GET"} - documented:
+            response = api.client.request(method, url, headers=ADMIN)
+            error = error_of(response, 405)
+            assert error["code"] == "method_not_allowed"
+            allowed = {m.strip() for m in response.headers["Allow"].split(",")}
+            assert allowed == documented, (method, path, allowed)

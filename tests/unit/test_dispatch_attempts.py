@@ -3,6 +3,10 @@ tier, each attempt bounded by the budget and the deadline, and the errors that n
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -12,6 +16,7 @@ from modelless.exceptions import (
     DeadlineExceededError,
     ModellessError,
     QueryFailedError,
+    ServiceUnavailableError,
     WorkerBusyError,
     WorkerUnreachableError,
 )
@@ -224,6 +229,7 @@ def test_dispatcher_fails_clearly_when_no_time_is_left_to_retry(monkeypatch: pyt
     # The hung worker's attempt may run past the query's whole deadline: nothing is left after it.
     monkeypatch.setattr(attempts_module, "ATTEMPT_GRACE_S", 1.0)
     monkeypatch.setattr(attempts_module, "DEADLINE_GRACE_S", 0.05)
+    monkeypatch.setattr(attempts_module, "REPLY_WRAP_UP_S", 0.0)  # a deadline shorter than it
     store = InMemoryMetadataStore()
     seed(store, [make_variant("v")])
     store.put_worker_state(live_worker("w1", make_instance("v")))
@@ -241,6 +247,48 @@ def test_dispatcher_fails_clearly_when_no_time_is_left_to_retry(monkeypatch: pyt
     assert raised.value.status_code == 503
     assert raised.value.code == "deadline_exceeded"
     assert "w1" in raised.value.message and "did not answer" in raised.value.message
+
+
+class SlowToFail(FakeLambda):
+    """A Lambda tier that hangs out its whole timeout and then takes ``wrap_up_s`` more to fail
+    (a hung container killed and dropped): what a retry's own time adds after its attempt."""
+
+    def __init__(self, wrap_up_s: float) -> None:
+        super().__init__(LAMBDA_OUT)
+        self.wrap_up_s = wrap_up_s
+
+    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self.timeouts.append(timeout_s)
+        threading.Event().wait(max(0.0, timeout_s) + self.wrap_up_s)
+        raise WorkerUnreachableError("the Lambda container did not answer: TimeoutError('timed out')")
+
+
+@pytest.mark.parametrize("wrap_up_s", [0.0, 0.05, 0.15])
+def test_a_query_whose_every_attempt_runs_out_is_answered_by_its_deadline(
+    monkeypatch: pytest.MonkeyPatch, wrap_up_s: float
+) -> None:
+    """The reply promise (docs/OPERATIONS.md): budget + grace, including the retries' own time.
+    The worker hangs out its attempt, the Lambda retry its own and then takes ``wrap_up_s`` to
+    fail; the thread's 503 still comes before the deadline (the route would cut it off there)."""
+    monkeypatch.setattr(attempts_module, "ATTEMPT_GRACE_S", 0.05)
+    monkeypatch.setattr(attempts_module, "DEADLINE_GRACE_S", 0.4)
+    store = InMemoryMetadataStore()
+    seed(store, [make_variant("v")])
+    store.put_worker_state(live_worker("w1", make_instance("v")))
+    lambda_tier = SlowToFail(wrap_up_s)
+    dispatcher = Dispatcher(
+        store, InfaasPolicy(DEFAULT_POOLS), FakeWorkers(WORKER_OUT, hang={"http://w1"}), lambda_tier
+    )
+    started = time.perf_counter()
+
+    with pytest.raises(ServiceUnavailableError) as raised:
+        dispatcher.online_query(targets(latency=10), batch_of_one(), received=started)
+
+    elapsed = time.perf_counter() - started
+    deadline = 0.010 + 0.4
+    assert lambda_tier.timeouts, "the Lambda tier was not tried"
+    assert elapsed <= deadline, f"answered {elapsed:.3f} s after arrival; the deadline is {deadline} s"
+    assert raised.value.status_code == 503 and "w1" in raised.value.message
 
 
 def test_dispatcher_bounds_the_lambda_retry_by_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:

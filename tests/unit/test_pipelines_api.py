@@ -212,6 +212,50 @@ def test_a_pipeline_is_its_apps_own_and_bad_inputs_are_refused(api: Api, app: di
     assert api.lambda_tier.calls == lambda_calls  # no stage ran
 
 
+def _stage_accuracy(value: object) -> dict[str, Any]:
+    stages = [{"name": "first", "model": "linear", "accuracy": value}, {"name": "second", "model": "hidden"}]
+    return sequential(stages=stages)
+
+
+# Issue 33: the spec took what the rest of the API refuses (a boolean SLO was stored as 1 ms).
+COERCIONS = [
+    ("slo-true", sequential(latencySlo=True), "latencySlo"),
+    ("slo-text", sequential(latencySlo="500"), "latencySlo"),
+    ("slo-nan", sequential(latencySlo=float("nan")), "latencySlo"),
+    ("accuracy-true", sequential(accuracy=True), "accuracy"),
+    ("accuracy-text", sequential(accuracy="0.5"), "accuracy"),
+    ("stage-accuracy-false", _stage_accuracy(False), "stages.0.accuracy"),
+    ("stage-accuracy-text", _stage_accuracy("0.9"), "stages.0.accuracy"),
+    ("threshold-true", cascade(True), "edges.0.when.threshold"),  # type: ignore[arg-type]
+    ("threshold-text", cascade("0.5"), "edges.0.when.threshold"),  # type: ignore[arg-type]
+    (
+        "class-true",
+        sequential(
+            edges=[
+                {"source": "first", "target": "second", "when": {"kind": "predicted_in", "classes": [True]}}
+            ]
+        ),
+        "classes",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"), [case[1:] for case in COERCIONS], ids=[case[0] for case in COERCIONS]
+)
+def test_a_pipeline_spec_takes_numbers_only_as_json_numbers(
+    api: Api, app: dict[str, str], body: dict[str, Any], field: str
+) -> None:
+    response = api.client.post(
+        "/v1/pipelines",
+        content=json.dumps(body, allow_nan=True),
+        headers={**app, "Content-Type": "application/json"},
+    )
+    error = error_of(response, 400)
+    assert field in error["message"], error["message"]
+    assert api.client.get("/v1/pipelines", params={"appID": APP}, headers=app).json()["pipelines"] == []
+
+
 def test_the_client_and_the_cli_register_list_and_query_pipelines(
     api: Api,
     app: dict[str, str],

@@ -20,7 +20,7 @@ import redis
 from fastapi.testclient import TestClient
 
 import modelless.auth as auth_module
-import modelless.pools.reporting as reporting_module
+import modelless.outages as outages_module
 from modelless.api import create_app
 from modelless.api.services import build_services
 from modelless.auth import ApiKeys, hash_key
@@ -29,7 +29,7 @@ from modelless.dispatch.profiles import ProfileCache
 from modelless.exceptions import StoreEmptiedError, StoreUnavailableError, UnauthorizedError
 from modelless.metadata.base import MetadataStore
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.reporting import ReportFailures
+from modelless.outages import RepeatedFailures
 from modelless.repository.local import LocalModelRepository
 from tests.unit.dispatch_kit import (
     APP,
@@ -324,8 +324,13 @@ def test_failing_reports_are_logged_once_then_rarely_and_their_end_once(
             lines.append((message, extra))
 
     clock = FakeClock()
-    monkeypatch.setattr(reporting_module, "time", clock)
-    failures = ReportFailures(Recorder(), log_every_s=60)  # type: ignore[arg-type]
+    monkeypatch.setattr(outages_module, "time", clock)
+    failures = RepeatedFailures(
+        Recorder(),  # type: ignore[arg-type]
+        "state report failed; retrying every period",
+        "state reports resumed",
+        log_every_s=60,
+    )
     failures.succeeded()
     for _ in range(60):  # a report a second for a minute
         failures.failed(StoreUnavailableError("the metadata store does not answer"))
@@ -337,3 +342,64 @@ def test_failing_reports_are_logged_once_then_rarely_and_their_end_once(
     failures.succeeded()
     assert lines[2] == ("state reports resumed", {"failed_before": 61})
     assert len(lines) == 3
+
+
+def test_a_client_that_drops_its_upload_is_a_log_line_not_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 33: a dropped upload (register_model reads its form itself) logged an unhandled
+    ClientDisconnect traceback. Nobody is left to answer; nothing was accepted."""
+    import asyncio
+
+    from starlette.requests import ClientDisconnect
+
+    from modelless.api.app import UnexpectedErrorMiddleware
+
+    async def reads_a_dropped_body(scope: Any, receive: Any, send: Any) -> None:
+        raise ClientDisconnect()
+
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    middleware = UnexpectedErrorMiddleware(reads_a_dropped_body)
+    with caplog.at_level(logging.INFO):
+        asyncio.run(middleware({"type": "http", "path": "/v1/register_model"}, receive, send))
+
+    assert sent == []  # no 500 to a caller who is gone
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+def test_the_offline_supervisor_logs_a_store_outage_once_and_its_end_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 33: while Redis was down, the resume loop logged a raw traceback every round."""
+    import threading
+
+    from modelless.offline.service import ThreadLauncher
+
+    rounds = 0
+    resumed = threading.Event()
+
+    def resumable() -> list[str]:
+        nonlocal rounds
+        rounds += 1
+        if rounds <= 5:
+            raise StoreUnavailableError("the metadata store does not answer (Connection refused)")
+        resumed.set()
+        return []
+
+    launcher = ThreadLauncher(run=lambda job_id: None, resumable=resumable, resume_every_s=0.01)  # type: ignore[arg-type, return-value]
+    with caplog.at_level(logging.INFO):
+        launcher.start_supervisor()
+        assert resumed.wait(30)
+        launcher.close()
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages.count("could not look for offline jobs to resume; retrying") == 1
+    assert messages.count("looking for offline jobs to resume again") == 1
+    assert not [r for r in caplog.records if r.exc_info]

@@ -14,11 +14,13 @@ all read ``.npz``/``.npy`` through here; model archives (``modelless.ingest``) o
 
 from __future__ import annotations
 
+import ast
 import io
 import math
+import struct
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -33,6 +35,16 @@ NPZ_DIRECTORY_BYTES = 64 * 1024
 # at 10,000 bytes) and zip's local header.
 ARRAY_FRAMING_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 1024 * 1024
+# The .npy format (numpy.lib.format): a magic, a version byte pair, then the header's length as
+# a little-endian u2 (1.0) or u4 (2.0). numpy itself reads headers of at most 10,000 bytes, and
+# arrays of at most 64 dimensions.
+NPY_MAGIC = b"\x93NUMPY"
+NPY_LENGTH_FORMATS = {(1, 0): "<H", (2, 0): "<I"}
+NPY_HEADER_BYTES = 10_000
+NPY_HEADER_KEYS = frozenset({"descr", "fortran_order", "shape"})
+NPY_MAX_DIMS = 64
+# An array's bytes are counted in a signed 64-bit integer, its empty dimensions aside.
+NPY_MAX_BYTES = 2**63 - 1
 # What zipfile and zlib raise for a member that cannot be inflated: corrupt data, a bad CRC, an
 # encrypted member (RuntimeError), a compression method this Python lacks (NotImplementedError).
 UNREADABLE = (
@@ -112,6 +124,52 @@ def read_npz_member(
         raise InvalidInputError(f"{what} is unreadable: {first_line(error)}") from error
 
 
+def read_npz_members(
+    archive: zipfile.ZipFile,
+    members: Mapping[str, zipfile.ZipInfo],
+    limit: int,
+    what: Callable[[str], str],
+    beyond: str,
+    refuse: Refusal = InvalidInputError,
+) -> dict[str, np.ndarray]:
+    """The ``.npy`` members of an ``.npz`` (by name), holding at most ``limit`` bytes of array
+    data *in all*. Every size is checked before any array data is inflated: each member's and
+    then all members' unpacked sizes as the zip declares them, and then what every member's
+    header declares (a header is a few hundred bytes into its member), summed. Only then is each
+    read, through a bounded stream, within what its header declared. ``what(name)`` names a
+    member in a refusal; ``beyond`` finishes the refusal's sentence.
+
+    Checking the total only as each member is read would inflate a first member that declares
+    the whole limit before finding that the next one leaves it over: seconds of server work per
+    small request."""
+    for name, info in members.items():
+        if info.file_size > limit + ARRAY_FRAMING_BYTES:
+            raise refuse(f"{what(name)} is {info.file_size} bytes unpacked; {beyond}")
+    unpacked = sum(info.file_size for info in members.values())
+    if unpacked > limit + ARRAY_FRAMING_BYTES * len(members):
+        raise refuse(f"the arrays {sorted(members)} are {unpacked} bytes unpacked in all; {beyond}")
+    declared: dict[str, int] = {}
+    for name, info in members.items():
+        try:
+            with archive.open(info) as stream:
+                shape, _, dtype = _read_header(stream, what(name))
+        except UNREADABLE as error:
+            raise InvalidInputError(f"{what(name)} is unreadable: {first_line(error)}") from error
+        declared[name] = math.prod(shape) * dtype.itemsize
+        if declared[name] > limit:
+            array = f"{list(shape)} {dtype}"
+            raise refuse(f"{what(name)} declares {declared[name]} bytes of array data ({array}); {beyond}")
+    if sum(declared.values()) > limit:
+        each = ", ".join(f"{what(name)}: {size}" for name, size in declared.items())
+        raise refuse(
+            f"the arrays declare {sum(declared.values())} bytes of array data in all ({each}); {beyond}"
+        )
+    return {
+        name: read_npz_member(archive, info, declared[name], what(name), beyond, refuse)
+        for name, info in members.items()
+    }
+
+
 def read_array(
     stream: IO[bytes], limit: int, what: str, beyond: str, refuse: Refusal = InvalidInputError
 ) -> np.ndarray:
@@ -141,25 +199,80 @@ def read_npy(data: bytes, what: str) -> np.ndarray:
 
 
 def _read_header(stream: IO[bytes], what: str) -> tuple[tuple[int, ...], bool, np.dtype]:  # type: ignore[type-arg]
+    """The header of an ``.npy`` array, decoded strictly: a version 1.0 or 2.0 magic, a header of
+    at most ``NPY_HEADER_BYTES`` that is one Python literal dict of exactly ``descr``,
+    ``fortran_order`` (a bool) and ``shape`` (a tuple of at most ``NPY_MAX_DIMS`` non-negative
+    ints, never bools), and a ``descr`` naming a dtype of non-zero size that holds no objects.
+    Anything else is an InvalidInputError, whatever the parser raised on it.
+
+    numpy's own header readers are not used: they let a negative dimension, a bool dimension or
+    a zero-sized dtype through, and their Python 2 compatibility pass tokenizes the header
+    (``tokenize.TokenError`` for an unterminated string), so a crafted header ended in a 500."""
+
+    def refuse(reason: str) -> InvalidInputError:
+        return InvalidInputError(f"{what} is not a readable .npy array: {reason}")
+
     try:
-        version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
-        elif version == (2, 0):
-            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
-        else:
-            raise ValueError(
-                f".npy format version {version[0]}.{version[1]} is not supported; use 1.0 or 2.0"
-            )
+        magic = stream.read(len(NPY_MAGIC) + 2)
     except UNREADABLE as error:
-        raise InvalidInputError(f"{what} is not a readable .npy array: {first_line(error)}") from error
+        raise refuse(first_line(error)) from error
+    if len(magic) < len(NPY_MAGIC) + 2 or not magic.startswith(NPY_MAGIC):
+        raise refuse("it does not start with the .npy magic and version (\\x93NUMPY, 2 bytes)")
+    version = (magic[-2], magic[-1])
+    if version not in NPY_LENGTH_FORMATS:
+        raise refuse(f".npy format version {version[0]}.{version[1]} is not supported; use 1.0 or 2.0")
+    length_format = NPY_LENGTH_FORMATS[version]
+    try:
+        length_bytes = stream.read(struct.calcsize(length_format))
+        (length,) = struct.unpack(length_format, length_bytes)
+        if length > NPY_HEADER_BYTES:
+            raise refuse(f"its header declares {length} bytes; at most {NPY_HEADER_BYTES} are read")
+        text = stream.read(length)
+    except struct.error as error:
+        raise refuse("it ends inside its header") from error
+    except UNREADABLE as error:
+        raise refuse(first_line(error)) from error
+    if len(text) < length:
+        raise refuse(f"its header declares {length} bytes; it holds {len(text)}")
+    try:
+        header = ast.literal_eval(text.decode("latin1"))
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as error:
+        raise refuse(f"its header is not a Python literal dict ({type(error).__name__})") from error
+    if not isinstance(header, dict) or set(header) != NPY_HEADER_KEYS:
+        keys = sorted(map(repr, header)) if isinstance(header, dict) else type(header).__name__
+        raise refuse(f"its header must be a dict of exactly {sorted(NPY_HEADER_KEYS)}, not {keys}")
+    shape, fortran_order, descr = header["shape"], header["fortran_order"], header["descr"]
+    if (
+        not isinstance(shape, tuple)
+        or len(shape) > NPY_MAX_DIMS
+        or not all(type(size) is int and size >= 0 for size in shape)
+    ):
+        raise refuse(
+            f"its shape must be a tuple of at most {NPY_MAX_DIMS} non-negative integers, not "
+            f"{_clip(repr(shape))}"
+        )
+    if type(fortran_order) is not bool:
+        raise refuse(f"its fortran_order must be True or False, not {_clip(repr(fortran_order))}")
+    try:
+        dtype = np.lib.format.descr_to_dtype(descr)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError) as error:
+        raise refuse(f"its descr {_clip(repr(descr))} is not a dtype ({first_line(error)})") from error
     if dtype.hasobject:
         # Object arrays are pickles: never loaded, whatever they hold.
-        raise InvalidInputError(
-            f"{what} is not a readable .npy array: it holds Python objects ({dtype}), which are "
-            "refused (pickles are never loaded); send numeric arrays"
+        raise refuse(
+            f"it holds Python objects ({dtype}), which are refused (pickles are never loaded); send "
+            "numeric arrays"
         )
-    return tuple(shape), bool(fortran_order), dtype
+    if dtype.itemsize == 0:
+        raise refuse(f"its dtype {dtype} holds no bytes per element")
+    if math.prod(max(size, 1) for size in shape) * dtype.itemsize > NPY_MAX_BYTES:
+        # numpy cannot lay it out even when it is empty ("array is too big").
+        raise refuse(f"its shape {_clip(repr(shape))} of {dtype} is larger than any array can be")
+    return shape, fortran_order, dtype
+
+
+def _clip(text: str, length: int = 80) -> str:
+    return text if len(text) <= length else text[: length - 3] + "..."
 
 
 def _read_data(

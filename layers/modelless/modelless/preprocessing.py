@@ -16,7 +16,9 @@ subtract ``mean`` and divide by ``std`` per channel; lay out as ``layout`` ([C, 
 from __future__ import annotations
 
 import io
+import struct
 import warnings
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -148,7 +150,19 @@ def decode_image(data: bytes, recipe: Mapping[str, Any]) -> np.ndarray:
             pixels = np.asarray(image, dtype=np.float32)
     except InvalidInputError:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:
+    # What Pillow's decoders raise on a damaged or crafted file: UnidentifiedImageError (an
+    # OSError), a truncated stream (EOFError), a chunk whose length or fields lie (struct.error,
+    # ValueError, SyntaxError), deflated data that does not inflate (zlib.error).
+    except (
+        UnidentifiedImageError,
+        OSError,
+        ValueError,
+        SyntaxError,
+        EOFError,
+        struct.error,
+        zlib.error,
+        Image.DecompressionBombError,
+    ) as error:
         raise InvalidInputError(f"not a decodable PNG or JPEG image: {first_line(error)}") from error
     except Image.DecompressionBombWarning as error:
         raise InvalidInputError(f"image refused: {first_line(error)}") from error

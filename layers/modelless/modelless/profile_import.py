@@ -34,6 +34,59 @@ MAX_SATURATION_QPS = 1e10  # above any profile's batch / latency at these bounds
 MAX_ACCURACY_EXAMPLES = 10**9
 
 
+def digits_up_to(high: int) -> str:
+    """A regular expression for the decimal integers 1 to ``high`` (no leading zero): a JSON
+    object's keys are text, so a schema bounds a batch size written as one by its digits."""
+    text = str(high)
+    shorter = [f"[1-9][0-9]{{0,{len(text) - 2}}}"] if len(text) > 1 else []
+    same_length = []
+    for position, digit in enumerate(map(int, text)):
+        lowest = 1 if position == 0 else 0
+        if digit > lowest:
+            rest = "[0-9]" * (len(text) - position - 1)
+            same_length.append(f"{text[:position]}[{lowest}-{digit - 1}]{rest}")
+    return f"^({'|'.join([*shorter, *same_length, text])})$"
+
+
+def _number_schema(
+    low: float, high: float, *, integer: bool = False, exclusive_low: bool = False
+) -> dict[str, Any]:
+    bound = {"exclusiveMinimum": low} if exclusive_low else {"minimum": low}
+    return {"type": "integer" if integer else "number", **bound, "maximum": high}
+
+
+# A latency table: batch size (the key, digits) -> milliseconds.
+_LATENCY_TABLE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "minProperties": 1,
+    "propertyNames": {"pattern": digits_up_to(MAX_PROFILE_BATCH)},
+    "additionalProperties": _number_schema(MIN_LATENCY_MS, MAX_LATENCY_MS),
+    "description": "batch size -> milliseconds (batch 1 included; p50 and p99 name the same sizes)",
+}
+# What ``_profile`` reads, stated for the OpenAPI document (the checks it makes that a schema
+# cannot, such as a median below its p99, are its own).
+PROFILE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": list(REQUIRED),
+    "properties": {
+        "recipe": {"type": "string", "description": "the variant's recipe, e.g. fp16-all"},
+        "pool": {"type": "string", "description": "a pool of this deployment"},
+        "hardware": {"type": "string", "description": "what it was measured on"},
+        "threads": _number_schema(1, MAX_THREADS, integer=True),
+        "memory_mb": _number_schema(0, MAX_LAMBDA_MEMORY_MB, integer=True),
+        "latency_p50_ms": _LATENCY_TABLE_SCHEMA,
+        "latency_p99_ms": _LATENCY_TABLE_SCHEMA,
+        "load_latency_ms": _number_schema(0, MAX_LATENCY_MS),
+        "accuracy": _number_schema(0, 1),
+        "accuracy_metric": {"type": "string", "enum": list(ACCURACY_METRICS)},
+        "accuracy_examples": _number_schema(0, MAX_ACCURACY_EXAMPLES, integer=True),
+        "peak_memory_mb": _number_schema(0, MAX_PEAK_MEMORY_MB),
+        "saturation_qps": _number_schema(0, MAX_SATURATION_QPS),
+        "max_useful_batch": _number_schema(0, MAX_PROFILE_BATCH, integer=True),
+    },
+}
+
+
 def import_profiles(
     store: MetadataStore,
     repository: ModelRepository,

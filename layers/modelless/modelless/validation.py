@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from modelless.archives import UNREADABLE, open_zip, read_npz_member
+from modelless.archives import UNREADABLE, open_zip, read_npz_members
 from modelless.config import VALSET_UNPACK_FACTOR
 from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError, first_line
 from modelless.tensors import from_feeds
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     import onnx
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# The rule ``modelless.validation.check_name`` holds app, model and pipeline names to, stated in the
+# schema only: the routes check it themselves (a 400 naming the field), and an app, model or
+# pipeline whose name breaks it cannot exist, so a request naming one is refused either way.
+NAME_SCHEMA: dict[str, Any] = {"pattern": NAME_PATTERN.pattern, "minLength": 1, "maxLength": 64}
 # onnx.TensorProto element types a model input may have, by their numpy names (onnx itself is
 # imported only where a model is inspected).
 INPUT_TYPES = {1: "float32", 10: "float16", 7: "int64", 6: "int32"}
@@ -246,18 +250,14 @@ def read_valset(
                 info.filename.removesuffix(".npy"): info for info in archive.infolist() if not info.is_dir()
             }
             members = _members(signature, list(infos))
-            left = unpacked_limit
-            loaded: dict[str, np.ndarray] = {}
-            for member in [*members.values(), VALSET_LABELS]:
-                loaded[member] = read_npz_member(
-                    archive,
-                    infos[member],
-                    left,
-                    f"validation array {member!r}",
-                    f"a validation set's arrays may unpack to at most {unpacked_limit} bytes in all",
-                    unpacked_too_large,
-                )
-                left -= loaded[member].nbytes
+            loaded = read_npz_members(
+                archive,
+                {member: infos[member] for member in [*members.values(), VALSET_LABELS]},
+                unpacked_limit,
+                lambda member: f"validation array {member!r}",
+                f"a validation set's arrays may unpack to at most {unpacked_limit} bytes in all",
+                unpacked_too_large,
+            )
     except InvalidInputError as error:
         raise InvalidModelError(f"validation set is not a readable .npz archive: {error.message}") from error
     except UNREADABLE as error:

@@ -18,14 +18,23 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from modelless import __version__
 from modelless.api.limits import ASGIApp, BodyLimitMiddleware, Message, Receive, Scope, Send
 from modelless.api.openapi import document_errors
+from modelless.api.query_strings import StrictQueryStringMiddleware
 from modelless.api.routers import apps, dashboard, feedback, models, offline, operations, pipelines, queries
 from modelless.api.routers import metrics as prometheus_metrics
 from modelless.api.services import Services
-from modelless.exceptions import ModellessError, ServiceUnavailableError, StoreUnavailableError, first_line
+from modelless.exceptions import (
+    ModellessError,
+    ServiceUnavailableError,
+    StoreUnavailableError,
+    UnsupportedMediaTypeError,
+    first_line,
+)
 from modelless.metadata.redis import UNREACHABLE_ERRORS
 from modelless.observability import logger
 
@@ -71,6 +80,7 @@ def create_app(services: Services) -> FastAPI:
         limit_for_path=lambda path: _body_limit(services, path),
         setting_for_path=lambda path: _body_limit_setting(services, path),
     )
+    app.add_middleware(StrictQueryStringMiddleware)  # a repeated parameter is a 400 before any route
     app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(CorrelationMiddleware)  # outermost: error replies carry the id too
 
@@ -85,18 +95,28 @@ def create_app(services: Services) -> FastAPI:
         return _error_response(error)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
         # Raised by the framework itself (unknown route, unparsable multipart, wrong method):
         # answered in the same shape as every other error.
         code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "bad_request")
+        headers = dict(getattr(error, "headers", None) or {})
+        message = str(error.detail)
+        if error.status_code == 405:
+            # Starlette's Allow names the methods of the first route matching the path only; a
+            # path served by several (GET and POST /v1/pipelines) has them all.
+            allowed = allowed_methods(app, request.scope)
+            headers["Allow"] = ", ".join(allowed)
+            message = f"{request.method} is not allowed on {request.url.path}; it allows {', '.join(allowed)}"
         return JSONResponse(
             status_code=error.status_code,
-            content={"error": {"code": code, "message": str(error.detail)}},
-            headers=getattr(error, "headers", None),
+            content={"error": {"code": code, "message": message}},
+            headers=headers or None,
         )
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        if _body_not_read_as_json(error):
+            return _error_response(_not_json(request.headers.get("content-type")))
         problems = [
             f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', 'invalid')}"
             for item in error.errors()
@@ -169,6 +189,12 @@ class UnexpectedErrorMiddleware:
 
         try:
             await self.app(scope, receive, send_noting_start)
+        except ClientDisconnect:
+            # The caller went away mid-body (or the body limit cut it off, having answered 413):
+            # no one is left to answer, and nothing was accepted. A line, not a traceback.
+            logger.info(
+                "client disconnected before its request was read", extra={"path": scope.get("path", "")}
+            )
         except Exception as error:
             if started:
                 raise  # part of a reply went out: nothing else can be said on this connection
@@ -194,6 +220,41 @@ def _unexpected_error_response(error: Exception, scope: Scope) -> JSONResponse:
                 f"logged under correlation id {correlation_id}",
             }
         },
+    )
+
+
+# The methods a 405's Allow may name (HTTP's, less CONNECT and TRACE, which no route serves).
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """Every method some route of ``app`` fully matches at ``scope``'s path (asked of each route
+    as the router itself asks, one method at a time)."""
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(route.matches({**scope, "method": method})[0] is Match.FULL for route in app.router.routes)
+    ]
+
+
+def _body_not_read_as_json(error: RequestValidationError) -> bool:
+    """Whether a JSON body was refused whole as raw bytes: FastAPI reads a body as JSON only when
+    its content type says so (application/json or +json), and hands the model the bytes else.
+    (Bytes that were read as JSON and are not JSON are ``json_invalid``: a 400.)"""
+    return any(
+        item.get("loc") == ("body",)
+        and isinstance(item.get("input"), bytes)
+        and item.get("type") != "json_invalid"
+        for item in error.errors()
+    )
+
+
+def _not_json(content_type: str | None) -> UnsupportedMediaTypeError:
+    sent = f"is sent as {content_type!r}" if content_type else "is sent without a Content-Type"
+    return UnsupportedMediaTypeError(
+        f"this operation's body is JSON, and this one {sent}: send it with Content-Type: application/json",
+        accepted=["application/json"],
+        received=content_type,
     )
 
 

@@ -3,9 +3,10 @@
 The dispatcher bounds every attempt by the query's clock (``modelless.dispatch.attempts``), but
 the clock runs in a thread of the gateway's pool: a query waiting for a thread (every thread busy
 on workers that hung) or stuck in a call that does not honour its timeout would still be answered
-late. The route therefore waits for its thread only until the deadline (plus ``REPLY_SLACK_S``, so
-that the thread's own, more informative 503 wins when it comes in time) and then answers a 503
-``deadline_exceeded`` itself; the thread's late answer is dropped.
+late. The route therefore waits for its thread only until the deadline and then answers a 503
+``deadline_exceeded`` itself; the thread's late answer is dropped. The thread's own attempts end
+``REPLY_WRAP_UP_S`` before the deadline, so that its more informative 503 (naming every attempt)
+comes first whenever the thread is not stuck: either way, the reply comes by the deadline.
 
 The deadline is known once the thread has read the query's targets; until then, the longest any
 query may take bounds the wait (``MAX_INVOKE_TIMEOUT_S`` from its arrival).
@@ -24,9 +25,6 @@ from modelless.types import QueryTargets
 
 T = TypeVar("T")
 
-# How long after the query's deadline the route stops waiting for the thread that serves it.
-REPLY_SLACK_S = 0.25
-
 
 class ReplyDeadline:
     """When a query's reply is due (``time.perf_counter()``'s clock). Made on the event loop;
@@ -36,13 +34,13 @@ class ReplyDeadline:
         self._loop = asyncio.get_running_loop()
         self._known = asyncio.Event()
         self.received = received
-        self.due = received + MAX_INVOKE_TIMEOUT_S + REPLY_SLACK_S
+        self.due = received + MAX_INVOKE_TIMEOUT_S
         self.describe = f"{MAX_INVOKE_TIMEOUT_S:g} s at most"
 
     def know(self, targets: QueryTargets) -> None:
         """The query's targets are read: its reply is due at its clock's deadline."""
         clock = QueryClock.start(self.received, targets)
-        self._loop.call_soon_threadsafe(self._set, clock.deadline + REPLY_SLACK_S, clock.describe())
+        self._loop.call_soon_threadsafe(self._set, clock.deadline, clock.describe())
 
     def _set(self, due: float, describe: str) -> None:
         self.due, self.describe = due, describe

@@ -81,19 +81,18 @@ async def _refuse(send: Send, message: str, limit: int, setting: str | None = No
     if setting is not None:
         message += f" (set by {setting})"
         details["setting"] = setting
-    body = json.dumps(
-        {"error": {"code": "payload_too_large", "message": message, "details": details}}
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                # Without it the server would go on reading (and dropping) the whole body.
-                (b"connection", b"close"),
-            ],
-        }
+    # Connection: close, or the server would go on reading (and dropping) the whole body.
+    await send_error(
+        send, 413, {"code": "payload_too_large", "message": message, "details": details}, close=True
     )
+
+
+async def send_error(send: Send, status: int, error: dict[str, Any], close: bool = False) -> None:
+    """A whole reply in the API's error shape (``{"error": error}``), sent by a middleware
+    before any route runs."""
+    body = json.dumps({"error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

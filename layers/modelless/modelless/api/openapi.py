@@ -4,7 +4,8 @@ every one of them in the API's one error shape (``ErrorResponse``).
 FastAPI on its own lists a 422 ``HTTPValidationError`` for every operation with parameters or a
 body; this API answers a malformed request 400 in its own shape (``app.validation_error``), and
 422 only for a query whose targets no variant meets. ``document_errors`` drops FastAPI's 422
-where an operation does not list one of its own.
+where an operation does not list one of its own, and lists what the app answers before any route:
+a 400 for a repeated query parameter, a 415 for a JSON body sent as another content type.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Query
 
-from modelless.api.schemas import NAME_SCHEMA, ErrorResponse
+from modelless.api.schemas import ErrorResponse
+from modelless.validation import NAME_SCHEMA
 
 # Path and query parameters that name an app, a model or a pipeline: the name rule in the schema
 # (the routes check it themselves, answering 400 in the API's shape).
@@ -67,10 +69,28 @@ def document_errors(app: FastAPI) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            _drop_framework_422(generate())
+            schema = generate()
+            _drop_framework_422(schema)
+            _document_middleware_errors(schema)
         return app.openapi_schema  # type: ignore[return-value]  # set by generate()
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _document_middleware_errors(schema: dict[str, Any]) -> None:
+    """What the app answers before any route, listed where a route does not list it already:
+    400 to a query string that repeats a parameter (every operation, ``api.query_strings``), and
+    415 to a JSON body sent as another content type (``app._not_json``)."""
+    error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            body = operation.get("requestBody", {}).get("content", {})
+            responses = operation.setdefault("responses", {})
+            for status in [400, 415] if "application/json" in body else [400]:
+                responses.setdefault(
+                    str(status), {"description": ERROR_STATUSES[status], "content": error_body}
+                )
+            operation["responses"] = dict(sorted(responses.items()))  # by status, as FastAPI lists them
 
 
 def _drop_framework_422(schema: dict[str, Any]) -> None:

@@ -7,25 +7,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from modelless.validation import MAX_LATENCY_MS, NAME_PATTERN
+from modelless.numbers import Accuracy, LatencyMs
+from modelless.profile_import import PROFILE_SCHEMA
+from modelless.validation import NAME_SCHEMA
 
-# The targets a query states. Strict: a JSON number only, never a boolean or a numeric string
-# (``"latency": true`` or ``"50"`` is a 400 naming the field, not 1.0 or 50.0); finite; within
-# bounds past which a budget means nothing and the arithmetic it feeds overflows (1e308 ms).
-LatencyMs = Annotated[
-    float,
-    Field(
-        strict=True,
-        allow_inf_nan=False,
-        gt=0,
-        le=MAX_LATENCY_MS,
-        description=f"latency budget in milliseconds, over 0 and at most {MAX_LATENCY_MS:.0f} (an hour)",
-    ),
-]
-Accuracy = Annotated[
-    float,
-    Field(strict=True, allow_inf_nan=False, ge=0, le=1, description="minimum top-1 accuracy in [0, 1]"),
-]
 # A number as JSON writes one: what a query string's value must look like to be read as a number.
 NUMBER_TEXT = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
 
@@ -45,10 +30,6 @@ def number_text(value: object) -> object:
 QueryLatencyMs = Annotated[LatencyMs, BeforeValidator(number_text)]
 QueryAccuracy = Annotated[Accuracy, BeforeValidator(number_text)]
 
-# The rule ``modelless.validation.check_name`` holds app, model and pipeline names to, stated in the
-# schema only: the routes check it themselves (a 400 naming the field), and an app, model or
-# pipeline whose name breaks it cannot exist, so a request naming one is refused either way.
-NAME_SCHEMA: dict[str, Any] = {"pattern": NAME_PATTERN.pattern, "minLength": 1, "maxLength": 64}
 # The ``s3://`` URIs a request names, as ``S3Uri.parse`` and ``S3Path.parse`` read them.
 S3_URI_SCHEMA: dict[str, Any] = {"pattern": r"^s3://[A-Za-z0-9.-]{1,63}/"}
 BUCKET_SCHEMA: dict[str, Any] = {"pattern": r"^[A-Za-z0-9.-]{1,63}$"}
@@ -198,7 +179,9 @@ class ImportProfiles(BaseModel):
     modelName: str = Field(json_schema_extra=NAME_SCHEMA)
     profiles: list[dict[str, Any]] = Field(
         description="each: recipe, pool, threads or memory_mb, latency_p50_ms, latency_p99_ms "
-        "({batch: ms}), load_latency_ms, accuracy, hardware; optional peak_memory_mb, saturation_qps"
+        "({batch: ms}), load_latency_ms, accuracy, hardware; optional peak_memory_mb, saturation_qps",
+        min_length=1,
+        json_schema_extra={"items": PROFILE_SCHEMA},
     )
 
 
@@ -364,8 +347,13 @@ class Feedback(BaseModel):
     appID: str = Field(json_schema_extra=NAME_SCHEMA)
     queryId: str = Field(min_length=1, max_length=200, description="the queryId of the query's reply")
     label: (
-        Annotated[int, Field(strict=True, ge=0)] | list[Annotated[int, Field(strict=True, ge=0)]] | None
-    ) = Field(default=None, description="the true class, or one per row of the query's batch")
+        Annotated[int, Field(strict=True, ge=0)]
+        | Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1)]
+        | None
+    ) = Field(
+        default=None,
+        description="the true class (below the model's class count), or one per row of the query's batch",
+    )
     reward: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0, le=1)] | None = Field(
         default=None, description="how good the reply was, in [0, 1] (instead of a label)"
     )

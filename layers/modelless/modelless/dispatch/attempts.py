@@ -44,6 +44,11 @@ DEADLINE_GRACE_S = 5.0
 ATTEMPT_GRACE_S = 1.0
 # At most this many attempts per query: the first choice, another instance, the Lambda tier.
 MAX_ATTEMPTS = 3
+# What the attempts leave of the deadline for what follows the last of them: its failure handled
+# (a Lambda container that hung dropped, the live view told), the 503 written and sent. The
+# attempts end this long before the deadline, so that the thread's own answer, which names every
+# attempt, comes by the deadline and not after it (a kill under load measured 40-100 ms of it).
+REPLY_WRAP_UP_S = 0.25
 
 # The policy's decision for ``targets`` (the budget: what is left of the query's) on a fresh read
 # of the live state, leaving out the given workers; raises TargetsUnreachableError.
@@ -76,8 +81,8 @@ class QueryClock:
         plus ATTEMPT_GRACE_S, so that a hung worker leaves time to retry elsewhere. The Lambda
         tier (the last resort, which may be starting a container) and a load (whose time varies
         with the repository and the machine, and which serves the next queries too) get all the
-        time there is."""
-        left = self.deadline - now
+        time there is, less REPLY_WRAP_UP_S for the answer."""
+        left = self.deadline - REPLY_WRAP_UP_S - now
         if on_lambda_tier(decision) or decision.state is InstanceState.INACTIVE:
             return left
         own_ms = max(self.budget_left_ms(now) or 0.0, decision.expected_latency_ms)

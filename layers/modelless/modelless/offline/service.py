@@ -50,6 +50,8 @@ from modelless.exceptions import (
     ModellessError,
     NotFoundError,
     S3AccessDeniedError,
+    ServiceUnavailableError,
+    first_line,
 )
 from modelless.metadata.base import MetadataStore, open_metadata_store
 from modelless.offline.compute import Compute, WorkerCompute, explain_no_candidates, offline_candidates
@@ -65,6 +67,7 @@ from modelless.offline.jobs import (
 from modelless.offline.objects import ObjectStore, S3ObjectStore
 from modelless.offline.runner import STALLED_AFTER_S, JobRunner, RunnerConfig, RunOutcome, RunReport
 from modelless.offline.throttle import ThrottleConfig
+from modelless.outages import RepeatedFailures
 from modelless.pipelines.store import PipelineStore, pipeline_store_for
 from modelless.pools.catalog import PoolSpec
 from modelless.pools.invokers import HttpWorkerInvoker
@@ -454,6 +457,12 @@ class ThreadLauncher:
         try:
             report = self._run(job_id)
             logger.info("offline run ended", extra={"job_id": job_id, "outcome": report.outcome.value})
+        except ServiceUnavailableError as error:
+            # A part down (the store): nothing to debug; the supervisor resumes the job after it.
+            logger.warning(
+                "offline run stopped: a part it needs is down; the supervisor resumes the job",
+                extra={"job_id": job_id, "error": first_line(error)},
+            )
         except Exception:
             logger.exception("offline run failed; the supervisor resumes the job", extra={"job_id": job_id})
         finally:
@@ -464,11 +473,22 @@ class ThreadLauncher:
         if self._supervisor is not None:
             return
 
+        # A store outage fails every round alike: a line when it starts, a reminder a minute and
+        # one when it ends, not a traceback a round; anything else is a bug, logged in full.
+        outage = RepeatedFailures(
+            logger,
+            "could not look for offline jobs to resume; retrying",
+            "looking for offline jobs to resume again",
+        )
+
         def loop() -> None:
             while True:
                 try:
                     for job_id in self._resumable():
                         self.launch(job_id)
+                    outage.succeeded()
+                except ServiceUnavailableError as error:
+                    outage.failed(error)
                 except Exception:
                     logger.exception("could not look for offline jobs to resume")
                 if self._stop.wait(self._resume_every_s):

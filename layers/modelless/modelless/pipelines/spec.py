@@ -20,7 +20,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from modelless.exceptions import InvalidInputError
-from modelless.validation import MAX_LATENCY_MS, check_name
+from modelless.numbers import Accuracy, LatencyMs, Probability
+from modelless.validation import NAME_SCHEMA, check_name
 
 REQUEST_INPUT = "request"  # a stage fed the pipeline's own inputs
 MAX_STAGES = 16  # "small": the planner enumerates latency splits over them
@@ -35,7 +36,7 @@ class ConditionKind(StrEnum):
 class Condition(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: ConditionKind = ConditionKind.ALWAYS
-    threshold: float | None = Field(default=None, gt=0.0, le=1.0, description="for confidence_below")
+    threshold: Probability | None = Field(default=None, description="for confidence_below")
     classes: list[Annotated[int, Field(ge=0, strict=True)]] | None = Field(
         default=None, description="for predicted_in"
     )
@@ -62,8 +63,8 @@ class Condition(BaseModel):
 
 class Edge(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    source: str
-    target: str
+    source: str = Field(json_schema_extra=NAME_SCHEMA, description="a stage's name")
+    target: str = Field(json_schema_extra=NAME_SCHEMA, description="a stage's name")
     when: Condition = Field(default_factory=Condition)
 
     @property
@@ -73,24 +74,24 @@ class Edge(BaseModel):
 
 class Stage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str
-    model: str = Field(description="a model registered in the pipeline's app")
+    name: str = Field(json_schema_extra=NAME_SCHEMA)
+    model: str = Field(json_schema_extra=NAME_SCHEMA, description="a model registered in the pipeline's app")
     input: str = Field(
         default=REQUEST_INPUT,
         description="'request' (the pipeline's inputs) or the name of a predecessor whose outputs feed it",
     )
-    accuracy: float | None = Field(
-        default=None, ge=0.0, le=1.0, description="this stage's accuracy floor (default: the pipeline's)"
+    accuracy: Accuracy | None = Field(
+        default=None, description="this stage's accuracy floor (default: the pipeline's)"
     )
 
 
 class PipelineSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str
+    name: str = Field(json_schema_extra=NAME_SCHEMA)
     stages: list[Stage] = Field(min_length=1, max_length=MAX_STAGES)
     edges: list[Edge] = Field(default_factory=list)
-    latencySlo: float = Field(gt=0.0, le=MAX_LATENCY_MS, description="end-to-end latency SLO, ms")
-    accuracy: float = Field(default=0.0, ge=0.0, le=1.0, description="accuracy floor of every stage")
+    latencySlo: LatencyMs = Field(description="end-to-end latency SLO, ms")
+    accuracy: Accuracy = Field(default=0.0, description="accuracy floor of every stage")
 
     def validate_dag(self) -> None:
         """The checks a schema cannot make: names, edges over known stages, no cycle, one entry,

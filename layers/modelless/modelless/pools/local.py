@@ -184,10 +184,11 @@ class LocalWorkerPool:
         child.process.kill()
         child.process.wait()
 
-    def close(self) -> None:
+    def close(self, stopping: Callable[[str], None] = lambda worker_id: None) -> None:
+        """Stop every worker, as ``scale_to(0, stopping)`` does."""
         if self._watch is not None:
             self._watch.close()
-        self.scale_to(0)
+        self.scale_to(0, stopping)
 
 
 class LocalPoolProvider:

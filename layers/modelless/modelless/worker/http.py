@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -25,6 +26,9 @@ Route = Callable[[dict[str, Any]], dict[str, Any]]
 # not yet heard of the stop (a dispatcher's cached view of the workers) stop coming.
 DRAIN_QUIET_S = 0.3
 DRAIN_LIMIT_S = 4.0  # under the parent's 5 s before it kills the process
+# ``shutdown()`` returns at the serving loop's next poll: socketserver's 0.5 s would be most of a
+# stop's time.
+SHUTDOWN_POLL_S = 0.05
 
 
 class JsonServer(ThreadingHTTPServer):
@@ -56,6 +60,9 @@ class JsonServer(ThreadingHTTPServer):
             self._last_request = time.monotonic()
             self._started.pop(token, None)
             self._idle.notify_all()
+
+    def serve_forever(self, poll_interval: float = SHUTDOWN_POLL_S) -> None:
+        super().serve_forever(poll_interval)
 
     @property
     def in_flight(self) -> int:
@@ -184,24 +191,35 @@ def announce_ready(server: JsonServer) -> None:
 
 # Set by the process that spawned us (``modelless.pools.processes.spawn``): its pid.
 PARENT_PID_ENV = "MODELLESS_PARENT_PID"
-PARENT_CHECK_S = 0.5
+# Where the kernel cannot say when the parent exits (no pidfd), how often its pid is checked.
+PARENT_CHECK_S = 0.1
 
 
 def exit_with_parent() -> None:
     """A child of the embedded stack stops (SIGTERM to itself: a worker drains first) once the
     stack that started it is gone, even when the stack was killed without a chance to stop its
     children: an orphan would go on serving and reporting, and clash with the next stack's
-    workers. Polling ``getppid`` rather than ``PR_SET_PDEATHSIG``, which fires when the parent's
-    *thread* that spawned us ends (the Lambda tier starts containers from short-lived threads).
-    A process started otherwise (systemd on EC2) has no such parent and is left alone."""
+    workers. The parent's exit is waited for on a pidfd (Linux 5.3: readable the moment the
+    process exits), else ``getppid`` is polled; not ``PR_SET_PDEATHSIG``, which fires when the
+    parent's *thread* that spawned us ends (the Lambda tier starts containers from short-lived
+    threads). A process started otherwise (systemd on EC2) has no such parent and is left alone."""
     raw = os.environ.get(PARENT_PID_ENV)
     if not raw or not raw.isdigit():
         return
     parent = int(raw)
 
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_CHECK_S)
+        try:
+            handle: int | None = os.pidfd_open(parent)
+        except ProcessLookupError:
+            handle = None  # gone already
+        except (OSError, AttributeError):  # no pidfd here: poll
+            handle = None
+            while os.getppid() == parent:
+                time.sleep(PARENT_CHECK_S)
+        # Opened after the parent died and its pid was reused: the pidfd is another process's.
+        if handle is not None and os.getppid() == parent:
+            select.select([handle], [], [])
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -57,9 +57,11 @@ from modelless.exceptions import (
     InvalidInputError,
     NoFreeSlotError,
     NotFoundError,
+    first_line,
 )
 from modelless.monitoring import WorkerMonitor
-from modelless.pools.reporting import ReportFailures, make_state_sink
+from modelless.outages import RepeatedFailures
+from modelless.pools.reporting import make_state_sink
 from modelless.repository import open_repository
 from modelless.runtime import LoadedVariant, VariantRuntime, inputs_of, npy_bytes, run_session
 from modelless.tuning import POLICIES, make_policy
@@ -90,6 +92,8 @@ DEFAULT_BATCHING = BatchingConfig()
 # again to the instance's current batcher; more tries than this and it fails.
 SUBMIT_TRIES = 3
 TUNE_TICK_S = 0.25
+# How long a stopping worker waits for its report loop's last report before withdrawing it.
+WITHDRAW_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -647,7 +651,7 @@ def main(argv: list[str] | None = None) -> None:
     worker.monitor.address = http_address(advertised_host, server.server_address[1])
     sink = make_state_sink(args.report_url, os.environ.get(REPORT_TOKEN_ENV, ""))
     stop = threading.Event()
-    failures = ReportFailures(logger)
+    failures = RepeatedFailures(logger, "state report failed; retrying every period", "state reports resumed")
 
     def report_loop() -> None:
         # The first report goes out at once; the gateway it goes to may not be up yet, so a
@@ -656,7 +660,7 @@ def main(argv: list[str] | None = None) -> None:
         while True:
             worker.state_changed.clear()
             try:
-                sink(worker.monitor.snapshot(time.time()))
+                sink.report(worker.monitor.snapshot(time.time()))
                 failures.succeeded()
             except Exception as error:  # a store outage included: reporting resumes after it
                 failures.failed(error)
@@ -664,11 +668,22 @@ def main(argv: list[str] | None = None) -> None:
             if stop.is_set():
                 return
 
+    reporter = threading.Thread(target=report_loop, name="monitor", daemon=True)
+
     def stop_reporting() -> None:
+        """Stop the reports, and withdraw the last one (the loop has sent its last first): no
+        record of this worker outlives it. Best effort: a store that does not answer lets the
+        record go stale by itself (WORKER_STALE_AFTER_S)."""
         stop.set()
         worker.state_changed.set()
+        if reporter.is_alive() and reporter is not threading.current_thread():
+            reporter.join(WITHDRAW_WAIT_S)
+        try:
+            sink.withdraw(args.worker_id)
+        except Exception as error:  # an outage: the record goes stale by itself
+            logger.warning("could not withdraw the worker's report", extra={"error": first_line(error)})
 
-    threading.Thread(target=report_loop, name="monitor", daemon=True).start()
+    reporter.start()
     if worker.tuning is not None:
 
         def tune_loop() -> None:
@@ -687,7 +702,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         server.serve_forever()
     finally:
-        stop_reporting()
+        if not stop.is_set():
+            stop_reporting()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from starlette.datastructures import FormData, UploadFile
 from modelless.api.dependencies import CallerAppDep, KeyDep, ServicesDep
 from modelless.api.idempotency import IDEMPOTENCY_HEADER, fingerprint, run_once
 from modelless.api.openapi import AUTHENTICATED, error_responses
-from modelless.api.schemas import NAME_SCHEMA, ImportProfiles, RegisterModel, RegistrationReply
+from modelless.api.schemas import ImportProfiles, RegisterModel, RegistrationReply
 from modelless.config import Settings, variable_name
 from modelless.exceptions import (
     InvalidInputError,
@@ -30,7 +30,7 @@ from modelless.exceptions import (
 from modelless.ingest import RegistrationSource, S3Uri
 from modelless.profile_import import import_profiles
 from modelless.types import Registration
-from modelless.validation import too_large
+from modelless.validation import NAME_SCHEMA, too_large
 
 router = APIRouter(prefix="/v1", tags=["models"])
 
@@ -39,6 +39,22 @@ JSON_BODY_LIMIT = 64 * 1024  # a JSON registration carries URIs, not files
 FORM_FIELDS = set(RegisterModel.model_fields)
 FILE_PARTS = {"model": "model file", "valSet": "validation set", "modelData": "model data file"}
 
+# register_model's plain form fields (multipart or urlencoded): every field text.
+FORM_FIELD_SCHEMAS: dict[str, Any] = {
+    **{
+        name: {"type": "string", "description": str(info.description or name)}
+        for name, info in RegisterModel.model_fields.items()
+    },
+    "appID": {"type": "string", **NAME_SCHEMA},
+    "modelName": {"type": "string", **NAME_SCHEMA},
+    "preprocessing": {"type": "string", "description": "a JSON object (a recipe)"},
+}
+URI_FORM_EXAMPLE = {
+    "appID": "shop",
+    "modelName": "resnet",
+    "modelUri": "s3://shop-models/resnet.onnx",
+    "valSetUri": "s3://shop-models/resnet-val.npz",
+}
 REGISTER_BODY = {
     "requestBody": {
         "required": True,
@@ -48,13 +64,7 @@ REGISTER_BODY = {
                     "type": "object",
                     "required": ["appID", "modelName"],
                     "properties": {
-                        **{
-                            name: {"type": "string", "description": str(info.description or name)}
-                            for name, info in RegisterModel.model_fields.items()
-                        },
-                        "appID": {"type": "string", **NAME_SCHEMA},
-                        "modelName": {"type": "string", **NAME_SCHEMA},
-                        "preprocessing": {"type": "string", "description": "a JSON object (a recipe)"},
+                        **FORM_FIELD_SCHEMAS,
                         "model": {
                             "type": "string",
                             "format": "binary",
@@ -69,14 +79,18 @@ REGISTER_BODY = {
                     },
                 },
                 # Files are sent as file parts (model, valSet); s3:// URIs as plain fields, as here.
-                "example": {
-                    "appID": "shop",
-                    "modelName": "resnet",
-                    "modelUri": "s3://shop-models/resnet.onnx",
-                    "valSetUri": "s3://shop-models/resnet-val.npz",
-                },
+                "example": URI_FORM_EXAMPLE,
             },
             "application/json": {"schema": RegisterModel.model_json_schema()},
+            # s3:// URIs as plain form fields, no file parts.
+            "application/x-www-form-urlencoded": {
+                "schema": {
+                    "type": "object",
+                    "required": ["appID", "modelName"],
+                    "properties": FORM_FIELD_SCHEMAS,
+                },
+                "example": URI_FORM_EXAMPLE,
+            },
         },
     }
 }
@@ -140,7 +154,8 @@ async def register_model(
                 await form.close()
         else:
             raise UnsupportedMediaTypeError(
-                f"register_model takes multipart/form-data (files) or application/json (s3:// URIs); "
+                f"register_model takes multipart/form-data (files), or application/json or "
+                f"application/x-www-form-urlencoded (s3:// URIs); "
                 f"got {media or 'no content type'!r}"
             )
         source = _source(fields, files)

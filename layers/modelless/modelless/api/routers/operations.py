@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import TypeAdapter, ValidationError
 
 from modelless.api.dependencies import AdminDep, KeyDep, ServicesDep
 from modelless.api.openapi import AUTHENTICATED, error_responses
 from modelless.api.schemas import CacheStatsReply
 from modelless.api.services import Services
 from modelless.auth import check_admin
-from modelless.exceptions import ForbiddenError, StoreEmptiedError, StoreUnavailableError, UnauthorizedError
+from modelless.exceptions import (
+    BadRequestError,
+    ForbiddenError,
+    StoreEmptiedError,
+    StoreUnavailableError,
+    UnauthorizedError,
+)
 from modelless.pools.reporting import INTERNAL_STATE_PATH
-from modelless.types import WorkerState
+from modelless.types import InstanceStats, WorkerState
 
 router = APIRouter(tags=["operations"])
 
@@ -90,7 +98,41 @@ def app_view(worker: WorkerState, app_id: str) -> dict[str, Any] | None:
 
 @router.post(INTERNAL_STATE_PATH, status_code=204, include_in_schema=False)
 async def worker_state(request: Request, services: ServicesDep, _: AdminDep) -> None:
-    services.store.put_worker_state(WorkerState.from_json(await request.body()))
+    services.store.put_worker_state(parse_worker_report(await request.body()))
+
+
+@router.delete(INTERNAL_STATE_PATH + "/{worker_id}", status_code=204, include_in_schema=False)
+def withdraw_worker_state(worker_id: str, services: ServicesDep, _: AdminDep) -> None:
+    """A worker that stops withdraws its report (``pools.reporting.GatewaySink``)."""
+    services.store.remove_worker(worker_id)
+
+
+# Strict: a report is what WorkerState.to_json writes, to the type (no "2" for 2, no true for 1).
+_WORKER_REPORT = TypeAdapter(WorkerState)
+
+
+def parse_worker_report(body: bytes) -> WorkerState:
+    """A worker's state report, or a BadRequestError naming what is wrong with it (not JSON, a
+    field missing or of the wrong type, a number that is not finite); nothing is stored then."""
+    try:
+        state = _WORKER_REPORT.validate_json(body, strict=True)
+    except ValidationError as error:
+        problems = [
+            f"{'.'.join(str(part) for part in item['loc']) or 'body'}: {item['msg']}"
+            for item in error.errors(include_url=False)
+        ]
+        raise BadRequestError(
+            f"not a worker state report: {'; '.join(problems[:5])}", problems=problems
+        ) from error
+    records: list[WorkerState | InstanceStats] = [state, *state.instances]
+    for record in records:
+        for item in fields(record):
+            value = getattr(record, item.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise BadRequestError(
+                    f"not a worker state report: {item.name} is {value}, not a finite number"
+                )
+    return state
 
 
 @router.get("/v1/cache", tags=["operations"], responses=error_responses(*AUTHENTICATED, 403))

@@ -13,11 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from modelless.api.dependencies import KeyDep, ServicesDep
 from modelless.api.openapi import AUTHENTICATED, NamePath, NameQuery, error_responses
 from modelless.api.routers.feedback import _authorize_app
-from modelless.api.schemas import NAME_SCHEMA
 from modelless.api.services import Services
 from modelless.pipelines.executor import PipelineRun
 from modelless.pipelines.spec import PipelineSpec
-from modelless.validation import check_name
+from modelless.validation import NAME_SCHEMA, check_name
 
 router = APIRouter(prefix="/v1", tags=["pipelines"])
 

@@ -25,7 +25,6 @@ from modelless.api.deadlines import ReplyDeadline
 from modelless.api.dependencies import KeyDep, ServicesDep
 from modelless.api.openapi import AUTHENTICATED, error_responses
 from modelless.api.schemas import (
-    NAME_SCHEMA,
     EnsembleReply,
     OnlineQuery,
     QueryAccuracy,
@@ -38,7 +37,7 @@ from modelless.inputs import BodyKind, binary_inputs, body_kind, query_inputs
 from modelless.observability import cache_stats_reporter, record_query
 from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, TIER, VARIANT, enabled, span
 from modelless.types import QueryTargets
-from modelless.validation import MAX_LATENCY_MS, check_name
+from modelless.validation import MAX_LATENCY_MS, NAME_SCHEMA, check_name
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 
