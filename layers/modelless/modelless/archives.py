@@ -18,6 +18,7 @@ import ast
 import io
 import math
 import struct
+import threading
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping
@@ -45,6 +46,11 @@ NPY_HEADER_KEYS = frozenset({"descr", "fortran_order", "shape"})
 NPY_MAX_DIMS = 64
 # An array's bytes are counted in a signed 64-bit integer, its empty dimensions aside.
 NPY_MAX_BYTES = 2**63 - 1
+# CPython 3.11 builds an AST with one recursion counter per interpreter, not per thread: two
+# threads parsing at once can fail with "SystemError: AST constructor recursion depth mismatch"
+# (cpython gh-106905; seen once under a burst of concurrent queries). A header is a few hundred
+# bytes, so parsing them one at a time costs nothing.
+_AST_LOCK = threading.Lock()
 # What zipfile and zlib raise for a member that cannot be inflated: corrupt data, a bad CRC, an
 # encrypted member (RuntimeError), a compression method this Python lacks (NotImplementedError).
 UNREADABLE = (
@@ -235,7 +241,8 @@ def _read_header(stream: IO[bytes], what: str) -> tuple[tuple[int, ...], bool, n
     if len(text) < length:
         raise refuse(f"its header declares {length} bytes; it holds {len(text)}")
     try:
-        header = ast.literal_eval(text.decode("latin1"))
+        with _AST_LOCK:
+            header = ast.literal_eval(text.decode("latin1"))
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as error:
         raise refuse(f"its header is not a Python literal dict ({type(error).__name__})") from error
     if not isinstance(header, dict) or set(header) != NPY_HEADER_KEYS:
