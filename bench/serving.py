@@ -324,9 +324,9 @@ class ProjectStack:
     def warm_lambda(self, variant: VariantProfile, sample: np.ndarray) -> None:
         """Start the Lambda tier's container and load ``variant`` in it, so that no load measured
         pays its cold start (a process start and a model load: seconds here)."""
-        from modelless.runtime import invocation_payload
+        from modelless.invocation import Invocation
 
-        self.stack.lambda_tier.invoke(invocation_payload(variant, sample, "bench-warm-up"), 180)
+        self.stack.lambda_tier.invoke(Invocation(variant, sample, "bench-warm-up"), 180)
 
     def instance(self, variant_id: str) -> tuple[str, int]:
         """The instance's reported state and batch limit (rows per run) on the worker."""

@@ -158,7 +158,7 @@ def measure_lambda_cold_starts(zoo: Zoo, state_dir: Path, runs: int = 3) -> list
     load is not in it (the simulator adds the variant's profiled load time)."""
 
     from infra.local.lambda_container import local_lambda_tier
-    from modelless.runtime import invocation_payload
+    from modelless.invocation import Invocation
     from modelless.tensors import example_batch
 
     variant = min(
@@ -170,9 +170,9 @@ def measure_lambda_cold_starts(zoo: Zoo, state_dir: Path, runs: int = 3) -> list
     for run in range(runs):
         tier = local_lambda_tier(str(zoo.repository), state_dir / "logs", state_dir / "cache", concurrency=1)
         try:
-            body = tier.invoke(invocation_payload(variant, inputs, f"cold-{run}"), 60.0)
-            if body.get("cold_start"):
-                cold.append(float(body["init_ms"]))
+            reply = tier.invoke(Invocation(variant, inputs, f"cold-{run}"), 60.0)
+            if reply.cold_start:
+                cold.append(reply.init_ms)
         finally:
             tier.close()
     return cold

@@ -29,13 +29,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bench.real_zoo import RealZoo, accuracy_with_ci, fmt_ms, real_zoo
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, today, write_fragment
 from modelless.config import Settings
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import ModellessError
+from modelless.invocation import Invocation, Reply
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.pools.catalog import DEFAULT_POOLS, PoolKind
 from modelless.pools.invokers import HttpWorkerInvoker
@@ -74,7 +74,7 @@ class _NoInvocations:
     """A Lambda tier that is never called: selection only needs to know one exists (and, with
     no ``tier_state``, takes it as warm, as it does in AWS)."""
 
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
         raise RuntimeError("the variant-picks benchmark runs no query")
 
 

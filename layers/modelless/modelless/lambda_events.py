@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class InvocationEvent(DictWrapper):
-    """The Lambda tier's event (``modelless.runtime.invocation_payload``): a variant and its inputs."""
+    """The Lambda tier's event: an ``Invocation`` (``modelless.invocation``) in its JSON form."""
 
     @property
     def variant_id(self) -> str:

@@ -28,7 +28,7 @@ from modelless.exceptions import NotFoundError, NotReadyError, StoreUnavailableE
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
 from modelless.query_load import QueryLoadCounter, group_of
-from modelless.runtime import outputs_of, warmup_payload
+from modelless.runtime import warmup_invocation
 from modelless.selection import (
     NO_LAMBDA_TIER,
     Candidates,
@@ -171,11 +171,13 @@ class Dispatcher:
         if variant.variant_id in self._warming:
             return
         self._warming.add(variant.variant_id)
-        payload = warmup_payload(variant, self.profiles.input_contract(variant.app_id, variant.model_name))
+        invocation = warmup_invocation(
+            variant, self.profiles.input_contract(variant.app_id, variant.model_name)
+        )
 
         def load() -> None:
             try:
-                self.attempts.run(decision, payload, MAX_INVOKE_TIMEOUT_S)
+                self.attempts.run(decision, invocation, MAX_INVOKE_TIMEOUT_S)
             except Exception:
                 logger.exception("warm-up failed", extra={"variant": variant.variant_id})
             finally:
@@ -243,7 +245,7 @@ class Dispatcher:
         selected = time.perf_counter()
         self._count_query(targets)
         with span("modelless.dispatch", {APP: targets.app_id}) as dispatch:
-            body, served = self.attempts.serve(targets, inputs, query_id, decision, started)
+            reply, served = self.attempts.serve(targets, inputs, query_id, decision, started)
             if enabled():  # where it ran (a retry may have moved it), and the worker's own times
                 dispatch.set_attributes(
                     {
@@ -252,30 +254,24 @@ class Dispatcher:
                         TIER: served.tier.value,
                         WORKER: served.worker_id or "",
                         RETRIED: served is not decision,
-                        COLD_START: bool(body.get("cold_start", False)),
-                        "modelless.queue_ms": float(body["queue_ms"]),
-                        "modelless.load_ms": float(body["load_ms"]),
-                        "modelless.inference_ms": float(body["inference_ms"]),
+                        COLD_START: reply.cold_start,
+                        "modelless.queue_ms": reply.queue_ms,
+                        "modelless.load_ms": reply.load_ms,
+                        "modelless.inference_ms": reply.inference_ms,
                     }
                 )
         finished = time.perf_counter()
-        compute_ms = (
-            float(body["queue_ms"])
-            + float(body["inference_ms"])
-            + float(body["load_ms"])
-            + float(body.get("init_ms", 0.0))
-        )
-        outputs = outputs_of(body)
+        outputs = reply.outputs
         if self.cache is not None and isinstance(cached, Pending):
             self.cache.remember(cached, served.variant, outputs)
         timings = {
             **cache_ms,
             "selection_ms": (selected - selecting) * 1000,
-            "queue_ms": float(body["queue_ms"]),
-            "load_ms": float(body["load_ms"]),
-            "cold_start_ms": float(body.get("init_ms", 0.0)),
-            "inference_ms": float(body["inference_ms"]),
-            "transport_ms": max(0.0, (finished - selected) * 1000 - compute_ms),
+            "queue_ms": reply.queue_ms,
+            "load_ms": reply.load_ms,
+            "cold_start_ms": reply.init_ms,
+            "inference_ms": reply.inference_ms,
+            "transport_ms": max(0.0, (finished - selected) * 1000 - reply.total_ms),
             "total_ms": (finished - started) * 1000,
         }
         if decode_ms is not None:
@@ -288,7 +284,7 @@ class Dispatcher:
             tier=served.tier,
             worker_id=served.worker_id if served.tier is Tier.WORKER else None,
             timings_ms={k: round(v, 3) for k, v in timings.items()},
-            cold_start=bool(body.get("cold_start", False)),
+            cold_start=reply.cold_start,
             retried=served is not decision,
             query_id=query_id,
         )
