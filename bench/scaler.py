@@ -418,7 +418,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         "compact rows. That search only finds plans: the pattern program is a restriction, so the plan's "
         "lower bound (its certified gap, and \"optimal\") comes from the compact program alone, a "
         "relaxation of every plan that packs: its LP's bound, then HiGHS on its MILP with the plan's "
-        "objective as the cutoff (`exact._certify`, issue 32). Where that does not finish within the "
+        "objective as the cutoff (`bounds.certify`, issue 32). Where that does not finish within the "
         "limit, the plan has no certified gap (\u2014).",
     ]
     write_fragment(out, "scaler", "\n".join(lines), {**report, "headlines": _headlines(report)})
