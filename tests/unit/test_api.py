@@ -32,7 +32,7 @@ from modelless.dispatch import attempts
 from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.pools.reporting import INTERNAL_STATE_PATH
+from modelless.worker.reporting import INTERNAL_STATE_PATH
 from modelless.repository.local import LocalModelRepository
 from modelless.runtime import VariantRuntime
 from modelless.types import (

@@ -10,7 +10,7 @@ from typing import Any
 
 from modelless.api.routers.dashboard import FINISHED_JOB_SHOWN_S
 from modelless.metadata.base import LOAD_RETENTION_S
-from modelless.pools.reporting import INTERNAL_STATE_PATH
+from modelless.worker.reporting import INTERNAL_STATE_PATH
 from modelless.query_load import QueryGroup
 from modelless.scaling.controller import ScalingReport, record_plan
 from modelless.scaling.problem import PlanStatus, ScalingPlan

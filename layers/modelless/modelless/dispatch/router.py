@@ -206,6 +206,19 @@ class Dispatcher:
             raise NotReadyError(f"the models of app {targets.app_id!r} are still being profiled")
         raise unreachable_error(targets, everything)
 
+    def _traced_selection(self, targets: QueryTargets) -> Decision:
+        with span("modelless.selection", {APP: targets.app_id}) as selection:
+            decision = self.select(targets)
+            if enabled():  # the attributes are gathered only where a span records them
+                selection.set_attributes(
+                    {
+                        MODEL: decision.variant.model_name,
+                        VARIANT: decision.variant.variant_id,
+                        TIER: decision.tier.value,
+                    }
+                )
+        return decision
+
     def online_query(
         self,
         targets: QueryTargets,
@@ -232,16 +245,7 @@ class Dispatcher:
         cache_ms = {} if self.cache is None else {"cache_ms": (selecting - looking) * 1000}
         if isinstance(cached, Answered):
             return self._cached_result(cached, query_id, cache_ms["cache_ms"], started, decode_ms, received)
-        with span("modelless.selection", {APP: targets.app_id}) as selection:
-            decision = self.select(targets)
-            if enabled():  # the attributes are gathered only where a span records them
-                selection.set_attributes(
-                    {
-                        MODEL: decision.variant.model_name,
-                        VARIANT: decision.variant.variant_id,
-                        TIER: decision.tier.value,
-                    }
-                )
+        decision = self._traced_selection(targets)
         selected = time.perf_counter()
         self._count_query(targets)
         with span("modelless.dispatch", {APP: targets.app_id}) as dispatch:

@@ -26,7 +26,6 @@ from aws_lambda_powertools import Logger
 from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.base import MetadataStore
 from modelless.pools.catalog import PoolKind, PoolSpec
-from modelless.pools.provider import PoolProvider
 from modelless.query_load import QueryGroup
 from modelless.scaling.envelope import Provisioning, provision
 from modelless.scaling.exact import solve_exact
@@ -41,6 +40,7 @@ from modelless.scaling.problem import (
     pool_from_spec,
     variant_from_profile,
 )
+from modelless.scaling.provider import PoolProvider
 from modelless.scaling.warm_pool import LambdaWarmPool, WarmDemand, burst_rate, warm_containers
 from modelless.tuning.capacity import TunedCapacity, reported_tuning, tuned_profile
 from modelless.types import VariantProfile, WorkerState

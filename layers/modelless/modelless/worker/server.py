@@ -63,7 +63,6 @@ from modelless.exceptions import (
 from modelless.invocation import Invocation, Reply
 from modelless.monitoring import WorkerMonitor
 from modelless.outages import RepeatedFailures
-from modelless.pools.reporting import make_state_sink
 from modelless.repository import open_repository
 from modelless.runtime import LoadedVariant, VariantRuntime, run_session
 from modelless.tuning import POLICIES, make_policy
@@ -72,6 +71,7 @@ from modelless.tuning.live import DEFAULT_MIN_QUERIES, DEFAULT_WINDOW_S, LiveTun
 from modelless.types import VariantProfile
 from modelless.worker import DRAINED_REFUSAL_S, REPORT_TOKEN_ENV
 from modelless.worker.http import announce_ready, make_server, stop_gracefully_on_sigterm
+from modelless.worker.reporting import StateSink, make_state_sink
 
 logger = Logger(service="modelless-worker")
 
@@ -562,7 +562,8 @@ def _port(raw: str) -> int:
     return port
 
 
-def main(argv: list[str] | None = None) -> None:
+def command_line() -> argparse.ArgumentParser:
+    """The worker's command line (``WorkerLaunch.argv`` writes it)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--pool", default="cpu")
@@ -603,6 +604,87 @@ def main(argv: list[str] | None = None) -> None:
         default=DEFAULT_MIN_QUERIES,
         help="queries a window needs before it is judged",
     )
+    return parser
+
+
+def worker_from(args: argparse.Namespace) -> Worker:
+    batching = None if args.no_batching else BatchingConfig(max_delay_s=args.batch_delay_ms / 1000)
+    tuning = (
+        None
+        if args.tune == "off"
+        else TuningConfig(args.tune, window_s=args.tune_window_s, min_queries=args.tune_min_queries)
+    )
+    return Worker(
+        args.worker_id,
+        args.pool,
+        args.slots,
+        args.repository,
+        Path(args.cache_dir),
+        batching=batching,
+        tuning=tuning,
+    )
+
+
+class Reporter:
+    """The worker's state reports: one at once, then every REPORT_PERIOD_S and at every change
+    of its instances (a load, a drain); a failed report (the gateway not up yet, a store
+    outage) is logged and retried next period, never fatal. ``stop`` ends them and withdraws the
+    last one, so that no record of this worker outlives it."""
+
+    def __init__(self, worker: Worker, sink: StateSink) -> None:
+        self._worker = worker
+        self._sink = sink
+        self.stopped = threading.Event()
+        self._failures = RepeatedFailures(
+            logger, "state report failed; retrying every period", "state reports resumed"
+        )
+        self._thread = threading.Thread(target=self._loop, name="monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._worker.state_changed.clear()
+            try:
+                self._sink.report(self._worker.monitor.snapshot(time.time()))
+                self._failures.succeeded()
+            except Exception as error:  # a store outage included: reporting resumes after it
+                self._failures.failed(error)
+            self._worker.state_changed.wait(REPORT_PERIOD_S)
+            if self.stopped.is_set():
+                return
+
+    def stop(self) -> None:
+        """Stop the reports and withdraw the last one (the loop has sent its last first). Best
+        effort: a store that does not answer lets the record go stale (WORKER_STALE_AFTER_S)."""
+        self.stopped.set()
+        self._worker.state_changed.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(WITHDRAW_WAIT_S)
+        try:
+            self._sink.withdraw(self._worker.monitor.worker_id)
+        except Exception as error:  # an outage: the record goes stale by itself
+            logger.warning("could not withdraw the worker's report", extra={"error": first_line(error)})
+
+
+def start_tuning(worker: Worker, stopped: threading.Event) -> None:
+    """Tune the worker's instances every TUNE_TICK_S until ``stopped`` (where it tunes at all)."""
+    if worker.tuning is None:
+        return
+
+    def tune_loop() -> None:
+        while not stopped.wait(TUNE_TICK_S):
+            try:
+                worker.tune_once(time.monotonic())
+            except Exception:  # tuning must never take the worker down
+                logger.exception("tuning tick failed")
+
+    threading.Thread(target=tune_loop, name="tuner", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = command_line()
     args = parser.parse_args(argv)
     if args.tune != "off" and args.no_batching:
         parser.error("--tune needs batching: it is the batcher that runs an instance's concurrent batches")
@@ -612,22 +694,7 @@ def main(argv: list[str] | None = None) -> None:
         advertised_host = advertise_host_for(args.host, args.advertise_host)
     except ValueError as error:
         parser.error(str(error))
-
-    batching = None if args.no_batching else BatchingConfig(max_delay_s=args.batch_delay_ms / 1000)
-    tuning = (
-        None
-        if args.tune == "off"
-        else TuningConfig(args.tune, window_s=args.tune_window_s, min_queries=args.tune_min_queries)
-    )
-    worker = Worker(
-        args.worker_id,
-        args.pool,
-        args.slots,
-        args.repository,
-        Path(args.cache_dir),
-        batching=batching,
-        tuning=tuning,
-    )
+    worker = worker_from(args)
     server = make_server(
         args.host,
         args.port,
@@ -644,61 +711,19 @@ def main(argv: list[str] | None = None) -> None:
     # Listening again on the bound socket only raises the backlog.
     server.socket.listen(LISTEN_BACKLOG)
     worker.monitor.address = http_address(advertised_host, server.server_address[1])
-    sink = make_state_sink(args.report_url, os.environ.get(REPORT_TOKEN_ENV, ""))
-    stop = threading.Event()
-    failures = RepeatedFailures(logger, "state report failed; retrying every period", "state reports resumed")
-
-    def report_loop() -> None:
-        # The first report goes out at once; the gateway it goes to may not be up yet, so a
-        # failed report is logged and retried on the next period, never fatal. A change of the
-        # instances (a load, a drain) is reported at once rather than up to a period later.
-        while True:
-            worker.state_changed.clear()
-            try:
-                sink.report(worker.monitor.snapshot(time.time()))
-                failures.succeeded()
-            except Exception as error:  # a store outage included: reporting resumes after it
-                failures.failed(error)
-            worker.state_changed.wait(REPORT_PERIOD_S)
-            if stop.is_set():
-                return
-
-    reporter = threading.Thread(target=report_loop, name="monitor", daemon=True)
-
-    def stop_reporting() -> None:
-        """Stop the reports, and withdraw the last one (the loop has sent its last first): no
-        record of this worker outlives it. Best effort: a store that does not answer lets the
-        record go stale by itself (WORKER_STALE_AFTER_S)."""
-        stop.set()
-        worker.state_changed.set()
-        if reporter.is_alive() and reporter is not threading.current_thread():
-            reporter.join(WITHDRAW_WAIT_S)
-        try:
-            sink.withdraw(args.worker_id)
-        except Exception as error:  # an outage: the record goes stale by itself
-            logger.warning("could not withdraw the worker's report", extra={"error": first_line(error)})
-
+    reporter = Reporter(worker, make_state_sink(args.report_url, os.environ.get(REPORT_TOKEN_ENV, "")))
     reporter.start()
-    if worker.tuning is not None:
-
-        def tune_loop() -> None:
-            while not stop.wait(TUNE_TICK_S):
-                try:
-                    worker.tune_once(time.monotonic())
-                except Exception:  # tuning must never take the worker down
-                    logger.exception("tuning tick failed")
-
-        threading.Thread(target=tune_loop, name="tuner", daemon=True).start()
+    start_tuning(worker, reporter.stopped)
     # A scale-down: stop reporting (so selection forgets us once the pool provider removes our
     # last report), finish what is in flight, then exit.
-    stop_gracefully_on_sigterm(server, before_drain=stop_reporting)
+    stop_gracefully_on_sigterm(server, before_drain=reporter.stop)
     announce_ready(server)
     logger.info("worker ready", extra={"worker_id": args.worker_id, "address": worker.monitor.address})
     try:
         server.serve_forever()
     finally:
-        if not stop.is_set():
-            stop_reporting()
+        if not reporter.stopped.is_set():
+            reporter.stop()
 
 
 if __name__ == "__main__":
