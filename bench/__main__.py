@@ -173,13 +173,14 @@ def bench_targets(app_id: str, variants: list[VariantProfile]) -> list[QueryTarg
 
 
 def new_dispatcher(store: MetadataStore, live_state_ttl_s: float = LIVE_STATE_TTL_S) -> Dispatcher:
-    """A dispatcher configured as the gateway's (the settings' profile cache TTL)."""
+    """A dispatcher configured as the gateway's (the settings' profile cache TTL and tolerance)."""
+    settings = Settings()
     return Dispatcher(
         store,
-        InfaasPolicy(DEFAULT_POOLS),
+        InfaasPolicy(DEFAULT_POOLS, settings.accuracy_tolerance),
         HttpWorkerInvoker(),
         None,
-        cache_ttl_s=Settings().profile_cache_ttl_s,
+        cache_ttl_s=settings.profile_cache_ttl_s,
         live_state_ttl_s=live_state_ttl_s,
     )
 

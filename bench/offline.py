@@ -453,11 +453,13 @@ def bench(plan: Plan, redis_url: str, s3_given: str | None) -> dict[str, Any]:
             deadline = time.monotonic() + 15
             while not store.list_workers() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            dispatcher = Dispatcher(store, InfaasPolicy(DEFAULT_POOLS), invoker, None)
-            dispatcher.online_query(QueryTargets(APP), np.zeros((1, 1, 8, 8), dtype=np.float32))  # load it
             # The deployment's settings: the throttle at its defaults.
+            settings = Settings()
+            policy = InfaasPolicy(DEFAULT_POOLS, settings.accuracy_tolerance)
+            dispatcher = Dispatcher(store, policy, invoker, None)
+            dispatcher.online_query(QueryTargets(APP), np.zeros((1, 1, 8, 8), dtype=np.float32))  # load it
             service = OfflineService.from_settings(
-                Settings(), store, DEFAULT_POOLS, live_workers=store.list_workers
+                settings, store, DEFAULT_POOLS, live_workers=store.list_workers
             )
             service.launcher = NoLaunch()
             config = service.throttle_config()

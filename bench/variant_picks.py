@@ -146,12 +146,13 @@ def picks(
     for worker in fleet(zoo, warm):
         store.put_worker_state(worker)
     # Configured as the gateway's (bench/__main__.py's new_dispatcher), with a Lambda tier.
+    settings = Settings()
     dispatcher = _SelectionOnly(
         store,
-        InfaasPolicy(DEFAULT_POOLS),
+        InfaasPolicy(DEFAULT_POOLS, settings.accuracy_tolerance),
         HttpWorkerInvoker(),
         _NoInvocations(),
-        cache_ttl_s=Settings().profile_cache_ttl_s,
+        cache_ttl_s=settings.profile_cache_ttl_s,
     )
     found: dict[str, dict[tuple[str, float], Pick]] = {}
     for app in zoo.apps:

@@ -68,7 +68,7 @@ def build_services(
         lambda_tier = AwsLambdaInvoker(settings.lambda_function)
     dispatcher = Dispatcher(
         store,
-        InfaasPolicy(pools),
+        InfaasPolicy(pools, settings.accuracy_tolerance),
         HttpWorkerInvoker(),
         lambda_tier,
         cache_ttl_s=settings.profile_cache_ttl_s,
