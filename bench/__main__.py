@@ -52,12 +52,12 @@ from bench.report import (
     span,
     write_fragment,
 )
+from modelless.catalog import DEFAULT_POOLS
 from modelless.cli import format_table
 from modelless.config import Settings
 from modelless.dispatch import LIVE_STATE_TTL_S, Dispatcher
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.selection import InfaasPolicy
 from modelless.types import (
@@ -418,9 +418,9 @@ def bench_zoo(state_dir: Path, out_dir: Path) -> None:
     """Register the demo zoo (both demo apps) in-process and report what registration produced."""
     from infra.local.demo import DEMO_APPS, zoo_summary
     from infra.zoo.digits import build_zoo
+    from modelless.catalog import DEFAULT_POOLS
     from modelless.config import Settings
     from modelless.ingest import RegistrationSource
-    from modelless.pools.catalog import DEFAULT_POOLS
     from modelless.registration import RegistrationService
     from modelless.repository.local import LocalModelRepository
 

@@ -60,12 +60,12 @@ from bench.report import (
     write_fragment,
 )
 from infra.local.ports import free_port
+from modelless.catalog import CPU_POOL, DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.dispatch import Dispatcher
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import JobSpec
 from modelless.offline.service import OfflineService
-from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository

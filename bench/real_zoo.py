@@ -406,9 +406,9 @@ def register_model(
 ) -> RegisteredModel:
     """Register one model in-process into ``repository_dir`` (its previous artifacts removed
     first), following its progress; then import its derived accelerator profiles."""
+    from modelless.catalog import DEFAULT_POOLS
     from modelless.config import Settings
     from modelless.metadata import open_metadata_store
-    from modelless.pools.catalog import DEFAULT_POOLS
     from modelless.profile_import import import_profiles
     from modelless.registration import RegistrationService
     from modelless.repository.local import LocalModelRepository

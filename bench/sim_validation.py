@@ -61,7 +61,7 @@ from bench.loadgen import Connection
 from bench.real_zoo import RegisteredModel, encode_body, held_out_batch, query_path
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, span, write_fragment
 from bench.sim_profiles import Zoo, developer_cpu_variant
-from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
+from modelless.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.scaling.controller import ScalerConfig
 from modelless.types import VariantProfile
 from sim.simulator import (

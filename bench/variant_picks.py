@@ -32,12 +32,12 @@ from pathlib import Path
 
 from bench.real_zoo import RealZoo, accuracy_with_ci, fmt_ms, real_zoo
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, today, write_fragment
+from modelless.catalog import DEFAULT_POOLS, PoolKind
 from modelless.config import Settings
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import ModellessError
 from modelless.invocation import Invocation, Reply
 from modelless.metadata import MetadataStore, open_metadata_store
-from modelless.pools.catalog import DEFAULT_POOLS, PoolKind
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.selection import InfaasPolicy
 from modelless.types import Decision, InstanceState, InstanceStats, QueryTargets, VariantProfile, WorkerState

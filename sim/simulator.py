@@ -54,12 +54,7 @@ from modelless.batching import (
     max_limit_for,
     profile_estimate,
 )
-from modelless.dispatch.live_view import with_in_flight
-from modelless.dispatch.profiles import ProfileCache
-from modelless.exceptions import TargetsUnreachableError
-from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.monitoring import WorkerMonitor
-from modelless.pools.catalog import (
+from modelless.catalog import (
     CPU_POOL,
     DEFAULT_POOLS,
     LAMBDA_MB_PER_VCPU,
@@ -68,15 +63,21 @@ from modelless.pools.catalog import (
     PoolKind,
     PoolSpec,
 )
+from modelless.dispatch.live_view import with_in_flight
+from modelless.dispatch.profiles import ProfileCache
+from modelless.exceptions import TargetsUnreachableError
+from modelless.metadata.memory import InMemoryMetadataStore
+from modelless.monitoring import WorkerMonitor
 from modelless.pools.provider import DRAIN_WAIT_S
 from modelless.query_load import QueryGroup, QueryLoadCounter, group_of
 from modelless.scaling.controller import Scaler, ScalerConfig, Solver
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.problem import MEMORY_MB, ScalingPlan, ScalingProblem, resource_demand
-from modelless.selection import InfaasPolicy, LambdaTierState, needs_warming
+from modelless.selection import InfaasPolicy, needs_warming
 from modelless.types import (
     InstanceState,
     InstanceStats,
+    LambdaTierState,
     ModelRecord,
     QueryTargets,
     Registration,

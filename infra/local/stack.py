@@ -28,6 +28,7 @@ from infra.local.redis_server import EmbeddedRedis, EmbeddedRedisError, find_red
 from infra.local.store_epoch import check_store_epoch
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
+from modelless.catalog import CPU_POOL
 from modelless.client import Client
 from modelless.config import get_settings
 from modelless.dispatch.attempts import DEADLINE_GRACE_S, MAX_INVOKE_TIMEOUT_S
@@ -37,7 +38,6 @@ from modelless.observability import logger
 from modelless.offline.events import S3JobStarter, SqsEventPoller, s3_records
 from modelless.offline.service import ThreadLauncher
 from modelless.pipelines.autopilot import PipelineAutopilot
-from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.pools.warm import InvokingWarmPool

@@ -22,11 +22,11 @@ import httpx
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher, QueryResult
 from modelless.exceptions import InvalidInputError, ServiceUnavailableError
 from modelless.invocation import Reply
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.selection import InfaasPolicy

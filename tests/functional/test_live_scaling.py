@@ -29,10 +29,10 @@ import onnxruntime as ort
 import pytest
 
 from infra.local.lambda_container import local_lambda_tier
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher, QueryResult
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.monitoring import WINDOW_S
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool

@@ -30,12 +30,12 @@ from onnx import TensorProto, helper, numpy_helper
 from infra.local.ports import free_port
 from modelless.api import create_app
 from modelless.api.services import build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.client import Client
 from modelless.config import Settings
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
 from modelless.ingest import RegistrationSource, S3Uri
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.registration import RegistrationJob, RegistrationService
 from modelless.repository.local import LocalModelRepository
 from modelless.types import RegistrationStatus, TensorSpec

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.invocation import Reply
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool

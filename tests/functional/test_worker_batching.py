@@ -22,11 +22,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from modelless.catalog import CPU_POOL
 from modelless.exceptions import ModellessError
 from modelless.invocation import Invocation, Reply
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.monitoring import WINDOW_S
-from modelless.pools.catalog import CPU_POOL
 from modelless.pools.invokers import HttpWorkerInvoker, raise_for_worker_error
 from modelless.pools.local import LocalWorkerPool
 from modelless.pools.processes import ChildProcess, spawn

@@ -17,10 +17,10 @@ import httpx
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.invocation import Invocation
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.query_load import QueryGroup

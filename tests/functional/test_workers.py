@@ -23,6 +23,7 @@ import modelless.metadata.redis as redis_backend
 import modelless.pools.lambda_local as lambda_local
 import modelless.worker.server as worker_server
 from infra.local.ports import free_port
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import DEADLINE_GRACE_S, Dispatcher, QueryResult
 from modelless.exceptions import (
     ModellessError,
@@ -32,7 +33,6 @@ from modelless.exceptions import (
 )
 from modelless.invocation import Reply
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LAMBDA_TIER_ID, LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool

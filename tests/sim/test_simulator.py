@@ -10,7 +10,7 @@ import math
 import pytest
 
 from modelless.batching import AimdController, RecentTightestBudget
-from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
+from modelless.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.scaling.controller import ScalerConfig
 from modelless.types import InstanceState, QueryTargets, VariantProfile
 from sim.simulator import (

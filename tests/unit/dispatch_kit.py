@@ -15,11 +15,11 @@ import pytest
 
 import modelless.dispatch.live_view as live_view_module
 import modelless.dispatch.profiles as profiles_module
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import WorkerUnreachableError
 from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.selection import InfaasPolicy
 from modelless.types import (
     InstanceState,

@@ -27,12 +27,11 @@ from fastapi.testclient import TestClient
 from modelless.api import create_app
 from modelless.api.app import GATEWAY_THREADS
 from modelless.api.services import Services, build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.dispatch import attempts
 from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.worker.reporting import INTERNAL_STATE_PATH
 from modelless.repository.local import LocalModelRepository
 from modelless.runtime import VariantRuntime
 from modelless.types import (
@@ -45,6 +44,7 @@ from modelless.types import (
     WorkerState,
 )
 from modelless.validation import inspect_model
+from modelless.worker.reporting import INTERNAL_STATE_PATH
 from tests.models import classifier_onnx, digits, fit_linear, hidden_model, linear_model, valset_npz
 
 ADMIN_KEY = "admin-secret"

@@ -33,11 +33,11 @@ from onnx import TensorProto, helper, numpy_helper
 from modelless import cli
 from modelless.api import create_app
 from modelless.api.services import build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.client import Client, ModellessClientError
 from modelless.config import Settings
 from modelless.ingest import RegistrationSource
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.registration import RegistrationJob, RegistrationService
 from modelless.repository.local import LocalModelRepository
 from modelless.tensors import example_batch

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import modelless.dispatch.attempts as attempts_module
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import (
     DeadlineExceededError,
@@ -21,7 +22,6 @@ from modelless.exceptions import (
 )
 from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import raise_for_worker_error
 from modelless.selection import InfaasPolicy
 from modelless.types import InstanceState, Tier

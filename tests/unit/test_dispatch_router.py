@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import (
     NotFoundError,
@@ -17,9 +18,8 @@ from modelless.exceptions import (
     TargetsUnreachableError,
 )
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.selection import InfaasPolicy, LambdaTierState
-from modelless.types import Decision, Tier
+from modelless.selection import InfaasPolicy
+from modelless.types import Decision, LambdaTierState, Tier
 from tests.unit.dispatch_kit import (
     APP,
     LAMBDA_OUT,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.exceptions import S3AccessDeniedError, ServiceUnavailableError, WorkerUnreachableError
 from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
@@ -16,7 +17,6 @@ from modelless.offline.compute import Paused, RunResult, WorkerCompute
 from modelless.offline.jobs import RESULT_SUFFIX, output_key, summary_key
 from modelless.offline.objects import InMemoryObjectStore, WriteOutcome
 from modelless.offline.runner import JobRunner, RunnerConfig, RunOutcome
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.types import (
     Decision,
     InstanceState,

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.cli import job_progress_line, job_report, parse_args
 from modelless.config import Settings
 from modelless.exceptions import InvalidJobError, ModellessError
@@ -34,7 +35,6 @@ from modelless.offline.jobs import JobSpec, job_id_for_object
 from modelless.offline.objects import InMemoryObjectStore
 from modelless.offline.runner import RunOutcome
 from modelless.offline.service import OfflineService, ThreadLauncher
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.types import JobStatus, OfflineJob
 from tests.offline_kit import APP, BUCKET, MODEL, FakeCompute, publish, upload_npy_inputs, variant
 from tests.waiting import wait_for

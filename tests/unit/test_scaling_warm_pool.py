@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from scipy.stats import poisson
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.warm import InvokingWarmPool
 from modelless.query_load import PEAK_SLICE_S
 from modelless.scaling.controller import Scaler, ScalerConfig

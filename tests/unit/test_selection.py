@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.exceptions import TargetsUnreachableError
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.selection import (
     Candidates,
     InfaasPolicy,

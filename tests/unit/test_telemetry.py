@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from modelless import prometheus, tracing
 from modelless.api import create_app
 from modelless.api.services import build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.repository.local import LocalModelRepository
 from modelless.scaling.controller import Scaler, ScalerConfig, ScalingReport
 from modelless.scaling.problem import PlanStatus, ScalingPlan

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.tuning import make_policy
 from modelless.tuning.bandit import UcbTuner

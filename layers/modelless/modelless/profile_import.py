@@ -13,9 +13,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from modelless.catalog import Placement, PoolKind, PoolSpec, lambda_threads
 from modelless.exceptions import InvalidInputError, NotFoundError, NotReadyError
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import Placement, PoolKind, PoolSpec, lambda_threads
 from modelless.repository.base import ModelRepository
 from modelless.types import VariantProfile
 from modelless.validation import MAX_LATENCY_MS, MIN_LATENCY_MS

@@ -25,6 +25,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from modelless.catalog import PoolSpec
 from modelless.config import Settings, variable_name
 from modelless.exceptions import InvalidInputError, InvalidModelError, NotFoundError, ServiceUnavailableError
 from modelless.ingest import (
@@ -39,7 +40,6 @@ from modelless.ingest import (
     trial_run,
 )
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import PoolSpec
 from modelless.repository.base import ModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, TensorSpec
 from modelless.validation import ModelSignature, check_name, load_valset

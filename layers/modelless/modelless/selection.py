@@ -46,42 +46,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, overload
 
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.exceptions import TargetsUnreachableError
-from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.tuning.capacity import clamped_scale
 from modelless.types import (
     Decision,
     InstanceState,
     InstanceStats,
+    LambdaTierState,
     QueryTargets,
     Tier,
     VariantProfile,
     WorkerState,
 )
-
-
-@dataclass(frozen=True)
-class LambdaTierState:
-    """What a Lambda tier that sees its containers tells selection, besides the variants warm
-    and idle in some container (its ``WorkerState``: those are its Active instances; a variant
-    whose every container is busy is Overloaded there).
-
-    ``idle_by_memory``: idle containers per memory size (MB; a container serves one size, as a
-    Lambda function has one): a query there pays its variant's load at most, no process start.
-    ``cold_start_ms``: what starting a new container is expected to take before the variant's
-    load (the tier's measured mean). ``full``: every container the tier may run is busy or
-    starting (its concurrency limit): no cold start is on offer, a query there waits for a
-    container to finish."""
-
-    idle_by_memory: Mapping[int, int]
-    default_memory_mb: int
-    cold_start_ms: float
-    full: bool = False
-
-    def has_idle(self, variant: VariantProfile) -> bool:
-        """Whether a query for ``variant`` would find an idle container (no cold start)."""
-        return self.idle_by_memory.get(variant.memory_mb or self.default_memory_mb, 0) > 0
-
 
 # A deployment without a Lambda tier (a dispatcher given none): no container is ever idle and a
 # new one never starts, so a decision there is expected never to answer. Any instance on a worker

@@ -7,6 +7,7 @@ bytes and no store ever unpickles anything.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -331,3 +332,26 @@ class OfflineJob:
         data = json.loads(raw)
         data["status"] = JobStatus(data["status"])
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class LambdaTierState:
+    """What a Lambda tier that sees its containers tells selection, besides the variants warm
+    and idle in some container (its ``WorkerState``: those are its Active instances; a variant
+    whose every container is busy is Overloaded there).
+
+    ``idle_by_memory``: idle containers per memory size (MB; a container serves one size, as a
+    Lambda function has one): a query there pays its variant's load at most, no process start.
+    ``cold_start_ms``: what starting a new container is expected to take before the variant's
+    load (the tier's measured mean). ``full``: every container the tier may run is busy or
+    starting (its concurrency limit): no cold start is on offer, a query there waits for a
+    container to finish."""
+
+    idle_by_memory: Mapping[int, int]
+    default_memory_mb: int
+    cold_start_ms: float
+    full: bool = False
+
+    def has_idle(self, variant: VariantProfile) -> bool:
+        """Whether a query for ``variant`` would find an idle container (no cold start)."""
+        return self.idle_by_memory.get(variant.memory_mb or self.default_memory_mb, 0) > 0

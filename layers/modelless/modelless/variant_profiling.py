@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
+from modelless.catalog import Placement, PoolSpec, placements
 from modelless.config import Settings
 from modelless.exceptions import first_line
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import Placement, PoolSpec, placements
 from modelless.repository.base import ModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
 from variants.pruning import SLACK_MS, prune_variants

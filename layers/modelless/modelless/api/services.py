@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from modelless.auth import ApiKeys
 from modelless.cache import open_cached_predictions
+from modelless.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.config import Settings, get_settings
 from modelless.dispatch import Dispatcher
 from modelless.feedback.service import FeedbackService
@@ -15,7 +16,6 @@ from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.offline.service import OfflineService
 from modelless.pipelines.service import PipelineService
 from modelless.pipelines.store import pipeline_store_for
-from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.pools.invokers import AwsLambdaInvoker, HttpWorkerInvoker, LambdaInvoker
 from modelless.registration import LambdaRegistrationLauncher, RegistrationService
 from modelless.repository import ModelRepository, open_repository

@@ -32,13 +32,20 @@ from modelless.runtime import warmup_invocation
 from modelless.selection import (
     NO_LAMBDA_TIER,
     Candidates,
-    LambdaTierState,
     SelectionPolicy,
     needs_warming,
     unreachable_error,
 )
 from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, RETRIED, TIER, VARIANT, WORKER, enabled, span
-from modelless.types import Decision, InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
+from modelless.types import (
+    Decision,
+    InstanceState,
+    LambdaTierState,
+    QueryTargets,
+    Tier,
+    VariantProfile,
+    WorkerState,
+)
 
 logger = Logger(service="gateway", child=True)
 

@@ -23,11 +23,11 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.exceptions import ModellessError
 from modelless.lambda_events import RegistrationEvent
 from modelless.metadata import open_metadata_store
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.registration import RegistrationService
 from modelless.repository import open_repository
 from modelless.types import RegistrationStatus

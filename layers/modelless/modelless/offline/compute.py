@@ -27,12 +27,12 @@ from typing import Protocol
 
 import numpy as np
 
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.dispatch.live_view import FAILED_WORKER_HOLD_S
 from modelless.exceptions import ModellessError, NotFoundError, NotReadyError, TargetsUnreachableError
 from modelless.invocation import Invocation
 from modelless.metadata.base import MetadataStore
 from modelless.offline.throttle import RUNNING, ThrottleConfig, ThrottleState, next_state
-from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.pools.invokers import WorkerInvoker
 from modelless.selection import InfaasPolicy, unreachable_error
 from modelless.types import Decision, OfflineJob, QueryTargets, Tier, VariantProfile, WorkerState

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from aws_lambda_powertools import Logger
 
 from modelless.cache.predictions import CachedPredictions
+from modelless.catalog import PoolSpec
 from modelless.config import Settings
 from modelless.exceptions import (
     ForbiddenError,
@@ -69,7 +70,6 @@ from modelless.offline.runner import STALLED_AFTER_S, JobRunner, RunnerConfig, R
 from modelless.offline.throttle import ThrottleConfig
 from modelless.outages import RepeatedFailures
 from modelless.pipelines.store import PipelineStore, pipeline_store_for
-from modelless.pools.catalog import PoolSpec
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.types import JobStatus, OfflineJob, WorkerState
 from modelless.validation import check_name, check_targets

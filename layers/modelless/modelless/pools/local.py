@@ -13,7 +13,7 @@ from pathlib import Path
 from aws_lambda_powertools import Logger
 
 from modelless import worker
-from modelless.pools.catalog import PoolSpec
+from modelless.catalog import PoolSpec
 from modelless.pools.health import HealthPolicy, ProcessWatch, Verdict
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.pools.provider import InstancePlacer

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, replace
 
 from aws_lambda_powertools import Logger
 
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.query_load import QueryGroup
 from modelless.scaling.envelope import Provisioning, provision
 from modelless.scaling.exact import solve_exact

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from modelless.pools.catalog import PoolKind, PoolSpec
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.types import VariantProfile
 
 VCPU = "vcpu"

@@ -2,7 +2,7 @@
 
 It lives with the scaler that uses it, and the providers (``modelless.pools.local``,
 ``modelless.pools.aws``) implement it without importing it back: the scaler never imports the
-pools' supervisor, only the catalogue of what pools exist (``modelless.pools.catalog``).
+pools' supervisor, only the catalogue of what pools exist (``modelless.catalog``).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from modelless.exceptions import (
     StoreUnavailableError,
     UnauthorizedError,
 )
-from modelless.worker.reporting import INTERNAL_STATE_PATH
 from modelless.types import InstanceStats, WorkerState
+from modelless.worker.reporting import INTERNAL_STATE_PATH
 
 router = APIRouter(tags=["operations"])
 
