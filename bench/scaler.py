@@ -1,4 +1,4 @@
-"""Benchmark of the variant-mix program (DESIGN §5): the exact solver's time and proven gap,
+"""Benchmark of the variant-mix program (docs/ARCHITECTURE.md §5): the exact solver's time and proven gap,
 and the greedy's gap. Writes its write-up to ``<out>/scaler.md`` and the raw numbers to
 ``<out>/scaler.json``.
 
@@ -258,7 +258,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
     """``scaler.md`` (a fragment of docs/BENCHMARKS.md) and ``scaler.json``."""
     limit = report["limit_s"]
     lines = [
-        "## The scaler's variant-mix program (DESIGN §5)",
+        "## The scaler's variant-mix program (docs/ARCHITECTURE.md §5)",
         "",
         f"Machine: `{report['machine']}` ({report['cpu']}); {report['date']}. "
         f"Reproduce: `{report['command']}` "

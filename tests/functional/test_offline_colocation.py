@@ -1,4 +1,4 @@
-"""Offline work never hurts online queries (DESIGN §6, INFaaS §6.3.2), on real processes: a real
+"""Offline work never hurts online queries (docs/ARCHITECTURE.md §6, INFaaS §6.3.2), on real processes: a real
 worker process, an offline job run by the embedded stack's child-process runner (its settings
 are the deployment's defaults: the throttle pauses above 40 % online utilisation or 2x the
 profiled online latency), Redis, and moto's S3.

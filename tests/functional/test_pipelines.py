@@ -19,10 +19,11 @@ from modelless.dispatch import Dispatcher
 from modelless.exceptions import ConflictError, InvalidInputError, NotFoundError
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pipelines.autopilot import AutopilotConfig, PipelineAutopilot
+from modelless.pipelines.factory import pipeline_store_for
 from modelless.pipelines.redis import RedisPipelineStore
 from modelless.pipelines.service import PipelineService
 from modelless.pipelines.spec import PipelineSpec
-from modelless.pipelines.store import BranchCount, pipeline_store_for
+from modelless.pipelines.store import BranchCount
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.repository.local import LocalModelRepository

@@ -167,7 +167,7 @@ class Settings(_EnvSettings):
     # container in place of admin_key (template.yaml deploys it so).
     admin_key_secret: str = ""
 
-    # --- offline jobs (DESIGN §6) ---------------------------------------------------------------
+    # --- offline jobs (docs/ARCHITECTURE.md §6) ------------------------------------------------
     # In AWS: the offline function the gateway hands jobs to (asynchronous invoke). Empty: jobs
     # run in a background thread of this process (the embedded stack).
     offline_function: str = ""

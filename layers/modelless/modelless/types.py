@@ -226,7 +226,7 @@ class WorkerState:
     free_slots: int  # how many more variant instances it can load
     reported_at: float
     instances: tuple[InstanceStats, ...] = ()
-    # Offline batch work (DESIGN §6) is recorded apart from online queries: its share of the
+    # Offline batch work (docs/ARCHITECTURE.md §6) is recorded apart from online queries: its share of the
     # worker's compute (already part of ``utilisation``), and the worst online instance's p99
     # latency over its profile (queueing included: what offline work would make online queries
     # wait). The offline throttle judges a worker on these two.

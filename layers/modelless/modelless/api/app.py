@@ -35,7 +35,7 @@ from modelless.exceptions import (
     UnsupportedMediaTypeError,
     first_line,
 )
-from modelless.metadata.redis import UNREACHABLE_ERRORS
+from modelless.metadata.factory import unreachable_errors
 from modelless.observability import logger
 
 CORRELATION_HEADER = "X-Correlation-Id"
@@ -222,7 +222,7 @@ class UnexpectedErrorMiddleware:
 
 
 def _unexpected_error_response(error: Exception, scope: Scope) -> JSONResponse:
-    if isinstance(error, UNREACHABLE_ERRORS):
+    if isinstance(error, unreachable_errors()):
         message = f"the metadata store does not answer ({first_line(error)}); try again shortly"
         return _error_response(StoreUnavailableError(message))
     correlation_id = scope.get("state", {}).get("correlation_id", "")

@@ -1,5 +1,5 @@
 """The offline function (``functions/offline``): S3-triggered batch jobs, idempotent, resumable,
-throttled (DESIGN §6).
+throttled (docs/ARCHITECTURE.md §6).
 
 Events it takes:
 

@@ -1,4 +1,4 @@
-"""Offline batch jobs (DESIGN §6, INFaaS ``offline_query``): run a model-less query over every
+"""Offline batch jobs (docs/ARCHITECTURE.md §6, INFaaS ``offline_query``): run a model-less query over every
 object under an S3 prefix, on spare worker capacity, writing one result object per input.
 
 - ``jobs``: what a job is (paths, deterministic output keys and job ids);

@@ -54,7 +54,7 @@ from modelless.exceptions import (
     ServiceUnavailableError,
     first_line,
 )
-from modelless.metadata.base import MetadataStore, open_metadata_store
+from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.offline.compute import Compute, WorkerCompute, explain_no_candidates, offline_candidates
 from modelless.offline.jobs import (
     JobSpec,
@@ -69,7 +69,8 @@ from modelless.offline.objects import ObjectStore, S3ObjectStore
 from modelless.offline.runner import STALLED_AFTER_S, JobRunner, RunnerConfig, RunOutcome, RunReport
 from modelless.offline.throttle import ThrottleConfig
 from modelless.outages import RepeatedFailures
-from modelless.pipelines.store import PipelineStore, pipeline_store_for
+from modelless.pipelines.factory import pipeline_store_for
+from modelless.pipelines.store import PipelineStore
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.types import JobStatus, OfflineJob, WorkerState
 from modelless.validation import check_name, check_targets

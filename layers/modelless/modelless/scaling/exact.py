@@ -1,6 +1,6 @@
 """The variant-mix program solved exactly: MILPs and LPs for HiGHS through ``scipy.optimize``.
 
-The program (DESIGN §5, INFaaS §4.2.1, conventions in :mod:`modelless.scaling.problem`): integer
+The program (docs/ARCHITECTURE.md §5, INFaaS §4.2.1, conventions in :mod:`modelless.scaling.problem`): integer
 instances ``n[v]`` of each variant on its pool, integer workers ``w[p]``, load left to Lambda;
 minimise ``Σ price[p]·w[p] + Σ lambda_price[g]·l[g] + Σ λ·C[v]·T_load[v]·(new instances of v)``
 subject to covering each group's need, an instance's time shared among the groups it serves,
@@ -170,7 +170,7 @@ MOST_ASSIGNMENT_COLUMNS = 4000
 
 
 def solve_exact(problem: ScalingProblem, time_limit_s: float = 1.0) -> ScalingPlan:
-    """The cheapest plan (DESIGN §5). Never raises on an infeasible problem: it returns the plan
+    """The cheapest plan (docs/ARCHITECTURE.md §5). Never raises on an infeasible problem: it returns the plan
     that serves the most load, status ``infeasible_partial``, with ``unmet`` saying why.
 
     ``time_limit_s`` is a deadline for the whole call, at any size (see the module docstring):

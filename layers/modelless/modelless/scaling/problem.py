@@ -1,4 +1,4 @@
-"""The variant-mix program's inputs and answer (DESIGN §5, INFaaS §4.2.1), as plain values.
+"""The variant-mix program's inputs and answer (docs/ARCHITECTURE.md §5, INFaaS §4.2.1), as plain values.
 
 Everything here is a pure function of explicit inputs: the scaler gathers profiles, measured
 load and pool state, builds a :class:`ScalingProblem`, and hands it to

@@ -230,7 +230,7 @@ class Worker:
         return reply
 
     def _serve_offline(self, invocation: Invocation) -> Reply:
-        """Offline batch work (DESIGN §6): it runs in the instance's idle moments (the batcher's
+        """Offline batch work (docs/ARCHITECTURE.md §6): it runs in the instance's idle moments (the batcher's
         background lane: never batched with online queries, never ahead of one that is queued),
         and is recorded apart from them, so that the instance's online QPS, latency and state,
         and what selection and the offline throttle read, stay about online traffic."""
