@@ -36,7 +36,7 @@ from modelless.exceptions import StoreEmptiedError, StoreUnavailableError
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.observability import logger
 from modelless.offline.events import S3JobStarter, SqsEventPoller, s3_records
-from modelless.offline.service import ThreadLauncher
+from modelless.offline.launchers import ThreadLauncher
 from modelless.pipelines.autopilot import PipelineAutopilot
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool

@@ -49,9 +49,9 @@ from modelless.config import Settings
 from modelless.invocation import Invocation
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.monitoring import INTERFERED_SLACK_MS
+from modelless.offline.child_processes import ChildProcessRunner
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec
 from modelless.offline.runner import RunOutcome, RunReport
-from modelless.offline.service import ChildProcessRunner
 from modelless.offline.throttle import ThrottleConfig
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
