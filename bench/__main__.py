@@ -420,8 +420,8 @@ def bench_zoo(state_dir: Path, out_dir: Path) -> None:
     from infra.zoo.digits import build_zoo
     from modelless.catalog import DEFAULT_POOLS
     from modelless.config import Settings
-    from modelless.ingest import RegistrationSource
-    from modelless.registration import RegistrationService
+    from modelless.registration.ingest import RegistrationSource
+    from modelless.registration.service import RegistrationService
     from modelless.repository.local import LocalModelRepository
 
     print(f"machine: {machine()}")
@@ -518,7 +518,7 @@ def live_once(state_dir: Path, queries: int, metadata: str) -> dict[str, dict[st
     from infra.local.stack import ThreadedGateway, start_stack
     from infra.zoo.digits import build_zoo
     from modelless.client import Client
-    from modelless.observability import logger as gateway_logger
+    from modelless.observability.metrics import logger as gateway_logger
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # EMF on stdout would drown the report
     gateway_logger.setLevel("WARNING")

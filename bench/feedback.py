@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, write_fragment
-from modelless.invocation import Invocation, Reply
+from modelless.serving.invocation import Invocation, Reply
 
 PART = "selection-feedback"
 MODELS = ("digits-mlp", "digits-small-cnn", "digits-cnn")
@@ -219,7 +219,7 @@ def run(plan: Plan, state_dir: Path, log: Callable[[str], None] = print) -> Outc
     from infra.zoo.digits import build_zoo
     from modelless.client import Client
     from modelless.feedback.policy import Policy
-    from modelless.observability import logger as gateway_logger
+    from modelless.observability.metrics import logger as gateway_logger
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     # Every answer must come from the models (and their corruption), never from a cache.

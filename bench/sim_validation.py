@@ -158,8 +158,8 @@ def measure_lambda_cold_starts(zoo: Zoo, state_dir: Path, runs: int = 3) -> list
     load is not in it (the simulator adds the variant's profiled load time)."""
 
     from infra.local.lambda_container import local_lambda_tier
-    from modelless.invocation import Invocation
-    from modelless.tensors import example_batch
+    from modelless.inputs.tensors import example_batch
+    from modelless.serving.invocation import Invocation
 
     variant = min(
         (p for p in zoo.measured() if p.pool == "lambda-cpu"), key=lambda p: (p.load_latency_ms, p.variant_id)
@@ -216,7 +216,7 @@ def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, st
     artifacts) into it, replay ``schedule`` from a load-generator process, and collect replies."""
 
     from infra.local.stack import ThreadedGateway, start_stack
-    from modelless.observability import logger as gateway_logger
+    from modelless.observability.metrics import logger as gateway_logger
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     gateway_logger.setLevel("ERROR")

@@ -44,14 +44,14 @@ import numpy as np
 from bench.real_zoo import RegisteredModel, cache_dir, held_out_batch
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, percentile, write_fragment
 from bench.serving import LoadGenerator
-from modelless.invocation import Invocation
+from modelless.inputs.tensors import to_feeds
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import default_config, make_session
-from modelless.tensors import to_feeds
+from modelless.serving.invocation import Invocation
+from modelless.serving.runtime import default_config, make_session
+from modelless.serving.wire import FRAMES_MEDIA_TYPE, encode_frames
 from modelless.tuning.base import ParallelConfig, config_space, observe_window, score
 from modelless.types import VariantProfile
-from modelless.wire import FRAMES_MEDIA_TYPE, encode_frames
 
 PART = "tuning"
 DEFAULT_MODEL = "mobilenetv3_small_100"

@@ -36,10 +36,10 @@ from modelless.catalog import DEFAULT_POOLS, PoolKind
 from modelless.config import Settings
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import ModellessError
-from modelless.invocation import Invocation, Reply
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import Decision, InstanceState, InstanceStats, QueryTargets, VariantProfile, WorkerState
 
 PART = "variant-picks"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bench import feedback as bench
-from modelless.invocation import Invocation, Reply
+from modelless.serving.invocation import Invocation, Reply
 from tests.unit.dispatch_kit import make_variant
 
 

@@ -18,9 +18,9 @@ import numpy as np
 from infra.local.ports import free_port
 from infra.local.stack import LocalStack, ThreadedGateway, start_stack
 from modelless.dispatch.attempts import DEADLINE_GRACE_S
-from modelless.invocation import npy_bytes
 from modelless.metadata.base import MetadataStore
 from modelless.repository.local import LocalModelRepository
+from modelless.serving.invocation import npy_bytes
 from tests.functional.workers_kit import APP, ARTIFACT_KEY, make_variant, publish_linear_model, sample_inputs
 from tests.models import linear_model
 

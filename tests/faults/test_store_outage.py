@@ -36,9 +36,9 @@ from modelless.api import create_app
 from modelless.api.services import build_services
 from modelless.config import Settings
 from modelless.exceptions import StoreUnavailableError
-from modelless.invocation import npy_bytes
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.metadata.redis import RedisMetadataStore
+from modelless.serving.invocation import npy_bytes
 from tests.conftest import redis_server_binary
 from tests.faults.stack_kit import BUDGET_MS, QueryLoad, Reply, served_stack, summary
 from tests.functional.workers_kit import APP, sample_inputs

@@ -35,10 +35,10 @@ import pytest
 from infra.build.lambda_artifacts import load_template
 from modelless.auth import hash_key
 from modelless.catalog import LAMBDA_POOL, Placement, lambda_threads
-from modelless.invocation import Invocation, Reply
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key
 from modelless.scaling.ticks import MIN_TICK_RESERVE_S, SCHEDULE_S
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import JobStatus, ModelRecord, Registration, RegistrationStatus, VariantProfile
 from tests.conftest import service_url
 from tests.functional.aws_kit import (

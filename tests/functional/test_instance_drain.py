@@ -25,11 +25,11 @@ import pytest
 from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher, QueryResult
 from modelless.exceptions import InvalidInputError, ServiceUnavailableError
-from modelless.invocation import Reply
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Reply
 from modelless.types import QueryTargets, VariantProfile, WorkerState
 from modelless.worker.server import Worker
 from tests.functional.workers_kit import (

@@ -32,7 +32,6 @@ from infra.local.lambda_container import local_lambda_tier
 from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher, QueryResult
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.monitoring import WINDOW_S
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
@@ -40,6 +39,7 @@ from modelless.query_load import group_of
 from modelless.repository.local import LocalModelRepository
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.selection import InfaasPolicy
+from modelless.serving.monitoring import WINDOW_S
 from modelless.types import InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
 from tests.functional.workers_kit import (
     APP,

@@ -46,9 +46,7 @@ import numpy as np
 import onnxruntime as ort
 
 from modelless.config import Settings
-from modelless.invocation import Invocation
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.monitoring import INTERFERED_SLACK_MS
 from modelless.offline.child_processes import ChildProcessRunner
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec
 from modelless.offline.runner import RunOutcome, RunReport
@@ -56,6 +54,8 @@ from modelless.offline.throttle import ThrottleConfig
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
+from modelless.serving.invocation import Invocation
+from modelless.serving.monitoring import INTERFERED_SLACK_MS
 from modelless.types import JobStatus, VariantProfile
 from tests.functional.offline_fixtures import Buckets, offline_service, redis_url
 from tests.functional.workers_kit import (

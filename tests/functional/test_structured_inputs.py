@@ -12,14 +12,14 @@ import numpy as np
 
 from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
-from modelless.invocation import Reply
+from modelless.inputs.tensors import batch_dtype, from_feeds
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
 from modelless.selection import InfaasPolicy
-from modelless.tensors import batch_dtype, from_feeds
+from modelless.serving.invocation import Reply
 from modelless.types import QueryTargets, Registration, RegistrationStatus, Tier, VariantProfile
 from tests.functional.workers_kit import (
     APP,

@@ -24,15 +24,15 @@ import pytest
 
 from modelless.catalog import CPU_POOL
 from modelless.exceptions import ModellessError
-from modelless.invocation import Invocation, Reply
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.monitoring import WINDOW_S
 from modelless.pools.invokers import HttpWorkerInvoker, raise_for_worker_error
 from modelless.pools.local import LocalWorkerPool
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.repository.local import LocalModelRepository
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.monitoring import WINDOW_S
+from modelless.serving.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames
 from modelless.types import VariantProfile, WorkerState
-from modelless.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames
 from tests.functional.workers_kit import report_url_of, worker_pool
 from tests.models import digits, linear_model, wide_model
 from tests.waiting import scaled

@@ -21,9 +21,9 @@ from modelless.exceptions import (
     WorkerBusyError,
     WorkerUnreachableError,
 )
-from modelless.invocation import Invocation, Reply
 from modelless.pools.invokers import HttpWorkerInvoker
-from modelless.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
 from tests.unit.dispatch_kit import make_variant
 
 VARIANT = make_variant("echo")
@@ -66,7 +66,7 @@ class Handler(BaseHTTPRequestHandler):
         self.server.requests += 1
         self.server.paths.append(self.path)
         raw = self.rfile.read(int(self.headers["Content-Length"]))
-        # The invoker sends binary frames, as the real worker expects (modelless.wire).
+        # The invoker sends binary frames, as the real worker expects (modelless.serving.wire).
         framed = self.headers["Content-Type"] == FRAMES_MEDIA_TYPE
         invocation = Invocation.from_message(decode_frames(raw) if framed else json.loads(raw))
         behaviour = invocation.correlation_id

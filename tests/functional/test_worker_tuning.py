@@ -19,7 +19,6 @@ import pytest
 
 from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
-from modelless.invocation import Invocation
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.processes import ChildProcess, spawn
@@ -27,6 +26,7 @@ from modelless.query_load import QueryGroup
 from modelless.repository.local import LocalModelRepository
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Invocation
 from modelless.tuning.base import ParallelConfig
 from modelless.tuning.capacity import clamped_scale
 from modelless.types import QueryTargets

@@ -31,13 +31,13 @@ from modelless.exceptions import (
     ServiceUnavailableError,
     WorkerUnreachableError,
 )
-from modelless.invocation import Reply
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LAMBDA_TIER_ID, LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Reply
 from modelless.types import (
     InstanceState,
     QueryTargets,

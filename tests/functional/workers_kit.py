@@ -16,12 +16,12 @@ import onnxruntime as ort
 
 from infra.local.lambda_container import local_lambda_tier
 from modelless.catalog import CPU_POOL
-from modelless.invocation import Invocation, Reply
 from modelless.metadata.base import MetadataStore
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile, WorkerState
 from modelless.worker.server import Worker
 from tests.models import digits, linear_model

@@ -18,9 +18,9 @@ import modelless.dispatch.profiles as profiles_module
 from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import WorkerUnreachableError
-from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import (
     InstanceState,
     InstanceStats,

@@ -30,10 +30,10 @@ from modelless.api.services import Services, build_services
 from modelless.catalog import DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.dispatch import attempts
-from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import VariantRuntime
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.runtime import VariantRuntime
 from modelless.types import (
     InstanceState,
     InstanceStats,

@@ -20,10 +20,10 @@ from modelless.exceptions import (
     WorkerBusyError,
     WorkerUnreachableError,
 )
-from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.invokers import raise_for_worker_error
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import InstanceState, Tier
 from tests.unit.dispatch_kit import (
     LAMBDA_OUT,

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from modelless.invocation import PROTOCOL_VERSION, Invocation, Reply
 from modelless.query_load import QueryGroup
 from modelless.repository.local import LocalModelRepository
+from modelless.serving.invocation import PROTOCOL_VERSION, Invocation, Reply
+from modelless.serving.wire import to_json_message
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
-from modelless.wire import to_json_message
 from tests.models import digits, linear_model
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"

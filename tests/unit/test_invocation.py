@@ -1,4 +1,4 @@
-"""The invocation and its reply (modelless.invocation): what crosses the gateway → worker → Lambda
+"""The invocation and its reply (modelless.serving.invocation): what crosses the gateway → worker → Lambda
 boundary, through both of the wire's encodings, and what their decoders refuse."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from modelless.exceptions import InvalidInputError, ProtocolMismatchError
-from modelless.invocation import PROTOCOL_VERSION, Invocation, Reply, npy_bytes
-from modelless.wire import decode_frames, encode_frames, to_json_message
+from modelless.serving.invocation import PROTOCOL_VERSION, Invocation, Reply, npy_bytes
+from modelless.serving.wire import decode_frames, encode_frames, to_json_message
 from tests.unit.dispatch_kit import make_variant
 
 Transport = Callable[[dict[str, Any]], dict[str, Any]]

@@ -11,12 +11,12 @@ import pytest
 
 from modelless.catalog import DEFAULT_POOLS
 from modelless.exceptions import S3AccessDeniedError, ServiceUnavailableError, WorkerUnreachableError
-from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.offline.compute import Paused, RunResult, WorkerCompute
 from modelless.offline.jobs import RESULT_SUFFIX, output_key, summary_key
 from modelless.offline.objects import InMemoryObjectStore, WriteOutcome
 from modelless.offline.runner import JobRunner, RunnerConfig, RunOutcome
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import (
     Decision,
     InstanceState,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from modelless.monitoring import WorkerMonitor
 from modelless.offline.throttle import RUNNING, ThrottleConfig, ThrottleState, next_state
+from modelless.serving.monitoring import WorkerMonitor
 from modelless.types import InstanceState, InstanceStats, WorkerState
 from tests.offline_kit import variant
 
@@ -203,8 +203,8 @@ def test_the_default_thresholds_are_infaas_utilisation_and_the_workers_interfere
     from modelless.catalog import DEFAULT_POOLS
     from modelless.config import Settings
     from modelless.metadata.memory import InMemoryMetadataStore
-    from modelless.monitoring import INTERFERED_EXIT_FACTOR, INTERFERED_FACTOR
     from modelless.offline.service import OfflineService
+    from modelless.serving.monitoring import INTERFERED_EXIT_FACTOR, INTERFERED_FACTOR
 
     assert (CONFIG.pause_utilisation, CONFIG.resume_utilisation) == (0.40, 0.30)
     assert (CONFIG.pause_latency_ratio, CONFIG.resume_latency_ratio) == (

@@ -22,7 +22,7 @@ from modelless.catalog import CPU_POOL, DEFAULT_POOLS, GPU_POOL, LAMBDA_POOL
 from modelless.config import Settings
 from modelless.exceptions import InvalidInputError, NotFoundError, NotReadyError
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.profile_import import import_profiles
+from modelless.registration.profile_import import import_profiles
 from modelless.repository.local import LocalModelRepository
 from modelless.selection import InfaasPolicy
 from modelless.types import (

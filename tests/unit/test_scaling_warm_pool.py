@@ -13,13 +13,13 @@ import pytest
 from scipy.stats import poisson
 
 from modelless.catalog import DEFAULT_POOLS
-from modelless.invocation import Invocation, Reply
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.warm import InvokingWarmPool
 from modelless.query_load import PEAK_SLICE_S
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.scaling.problem import lambda_choice
 from modelless.scaling.warm_pool import WARM_QUANTILE, WarmDemand, burst_rate, containers_for, warm_containers
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import VariantProfile
 from tests.unit.test_scaler import GROUP, FakeProvider, profile, store  # noqa: F401 (a fixture)
 

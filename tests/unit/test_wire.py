@@ -1,4 +1,4 @@
-"""The invocation's two encodings (modelless.wire): binary frames and JSON with base64 fields."""
+"""The invocation's two encodings (modelless.serving.wire): binary frames and JSON with base64 fields."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from modelless.exceptions import InvalidInputError
-from modelless.invocation import Invocation, Reply
-from modelless.wire import binary_field, decode_frames, encode_frames, to_json_message
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.wire import binary_field, decode_frames, encode_frames, to_json_message
 from tests.unit.dispatch_kit import make_variant
 
 

@@ -110,7 +110,7 @@ class NotReadyError(ModellessError):
 
 
 class ProtocolMismatchError(ModellessError):
-    """An invocation or a reply of another protocol version (``modelless.invocation``): the
+    """An invocation or a reply of another protocol version (``modelless.serving.invocation``): the
     gateway and a worker of different releases, which refuse each other rather than misread."""
 
     status_code = 502

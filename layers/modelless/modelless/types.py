@@ -130,7 +130,7 @@ class ModelRecord:
     ``input_name``/``input_shape``/``input_dtype`` describe the first input; ``inputs`` lists every
     input (empty in records written before models could take several: then the first is all).
     A batch for a one-input model is an array [batch, *shape]; for a model with several inputs it
-    is a numpy structured array [batch] with one field per input (see ``modelless.tensors``).
+    is a numpy structured array [batch] with one field per input (see ``modelless.inputs.tensors``).
     """
 
     app_id: str

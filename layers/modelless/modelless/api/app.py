@@ -36,7 +36,7 @@ from modelless.exceptions import (
     first_line,
 )
 from modelless.metadata.factory import unreachable_errors
-from modelless.observability import logger
+from modelless.observability.metrics import logger
 
 CORRELATION_HEADER = "X-Correlation-Id"
 

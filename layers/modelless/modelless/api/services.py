@@ -17,7 +17,7 @@ from modelless.offline.service import OfflineService
 from modelless.pipelines.factory import pipeline_store_for
 from modelless.pipelines.service import PipelineService
 from modelless.pools.invokers import AwsLambdaInvoker, HttpWorkerInvoker, LambdaInvoker
-from modelless.registration import LambdaRegistrationLauncher, RegistrationService
+from modelless.registration.service import LambdaRegistrationLauncher, RegistrationService
 from modelless.repository import ModelRepository, open_repository
 from modelless.selection import InfaasPolicy
 from modelless.types import WorkerState

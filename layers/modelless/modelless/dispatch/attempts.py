@@ -22,8 +22,8 @@ from modelless.exceptions import (
     TargetsUnreachableError,
     WorkerUnreachableError,
 )
-from modelless.invocation import Invocation, Reply
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import Decision, InstanceState, QueryTargets, Tier
 
 # Never wait on compute for longer than this, whatever the budget: a query fails, it never hangs.

@@ -28,7 +28,6 @@ from modelless.exceptions import NotFoundError, NotReadyError, StoreUnavailableE
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
 from modelless.query_load import QueryLoadCounter, group_of
-from modelless.runtime import warmup_invocation
 from modelless.selection import (
     NO_LAMBDA_TIER,
     Candidates,
@@ -36,6 +35,7 @@ from modelless.selection import (
     needs_warming,
     unreachable_error,
 )
+from modelless.serving.runtime import warmup_invocation
 from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, RETRIED, TIER, VARIANT, WORKER, enabled, span
 from modelless.types import (
     Decision,

@@ -1,6 +1,6 @@
 """The Lambda tier (``functions/cpu_worker``): runs one variant on the CPU with onnxruntime.
 
-Event: an ``Invocation`` (``modelless.invocation``) in its JSON form (``modelless.wire``:
+Event: an ``Invocation`` (``modelless.serving.invocation``) in its JSON form (``modelless.serving.wire``:
 ``{"version", "variant_id", "variant": <profile JSON>, "memory_mb", "inputs_npy_b64", ...}``); the
 reply, its ``Reply`` in the same form with a ``statusCode``. The variant is fetched from the model
 repository into the cache directory once per container. The first reply of a container says so
@@ -21,11 +21,11 @@ from aws_lambda_powertools.metrics import MetricUnit
 
 from modelless.config import Settings
 from modelless.exceptions import ModellessError
-from modelless.invocation import Invocation
 from modelless.lambda_events import InvocationEvent, container_init_ms
 from modelless.repository import open_repository
-from modelless.runtime import VariantRuntime
-from modelless.wire import to_json_message
+from modelless.serving.invocation import Invocation
+from modelless.serving.runtime import VariantRuntime
+from modelless.serving.wire import to_json_message
 
 logger = Logger(service="cpu_worker")
 metrics = Metrics(namespace="Modelless", service="cpu_worker")

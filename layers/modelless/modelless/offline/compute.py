@@ -30,11 +30,11 @@ import numpy as np
 from modelless.catalog import PoolKind, PoolSpec
 from modelless.dispatch.live_view import FAILED_WORKER_HOLD_S
 from modelless.exceptions import ModellessError, NotFoundError, NotReadyError, TargetsUnreachableError
-from modelless.invocation import Invocation
 from modelless.metadata.base import MetadataStore
 from modelless.offline.throttle import RUNNING, ThrottleConfig, ThrottleState, next_state
 from modelless.pools.invokers import WorkerInvoker
 from modelless.selection import InfaasPolicy, unreachable_error
+from modelless.serving.invocation import Invocation
 from modelless.types import Decision, OfflineJob, QueryTargets, Tier, VariantProfile, WorkerState
 
 # An offline run waits in the worker for an idle moment (up to the batcher's own bound, 25 s).

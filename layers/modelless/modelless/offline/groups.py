@@ -20,7 +20,7 @@ from modelless.exceptions import (
     OfflineInputError,
     S3AccessDeniedError,
 )
-from modelless.inputs import check_batch
+from modelless.inputs.bodies import check_batch
 from modelless.metadata.base import OfflineJobStore
 from modelless.offline.compute import batch_rows
 from modelless.offline.decoding import decode_input

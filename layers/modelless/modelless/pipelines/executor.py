@@ -21,7 +21,7 @@ import numpy as np
 
 from modelless.dispatch.router import Dispatcher, QueryResult
 from modelless.exceptions import ModellessError
-from modelless.inputs import query_inputs
+from modelless.inputs.bodies import query_inputs
 from modelless.pipelines.spec import REQUEST_INPUT, PipelineSpec
 from modelless.pipelines.store import PipelineStore
 from modelless.types import QueryTargets

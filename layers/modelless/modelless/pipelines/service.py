@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from modelless.catalog import PoolSpec
 from modelless.dispatch.router import Dispatcher
 from modelless.exceptions import ConflictError, InvalidInputError, NotFoundError, PlannerUnavailableError
-from modelless.inputs import query_inputs
+from modelless.inputs.bodies import query_inputs
 from modelless.metadata.base import MetadataStore
 from modelless.pipelines.autopilot import ArrivalLog
 from modelless.pipelines.executor import PipelineExecutor, PipelineRun

@@ -1,8 +1,8 @@
 """How the dispatcher reaches compute: a pool worker over HTTP, or the Lambda tier.
 
-Both take an ``Invocation`` and give back a ``Reply`` (``modelless.invocation``), so a query can
+Both take an ``Invocation`` and give back a ``Reply`` (``modelless.serving.invocation``), so a query can
 move between a worker and the Lambda tier as it is; each encodes it for its transport
-(``modelless.wire``: frames to a worker, JSON to a Lambda function).
+(``modelless.serving.wire``: frames to a worker, JSON to a Lambda function).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from modelless.exceptions import (
     WorkerBusyError,
     WorkerUnreachableError,
 )
-from modelless.invocation import Invocation, Reply
-from modelless.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
 
 
 class WorkerInvoker(Protocol):
@@ -36,7 +36,7 @@ class LambdaInvoker(Protocol):
 
 class HttpWorkerInvoker:
     """POSTs invocations to workers over keep-alive HTTP/1.1 connections, pooled per worker, in
-    binary frames (``modelless.wire``): a query's tensor crosses the hop as raw ``.npy`` bytes.
+    binary frames (``modelless.serving.wire``): a query's tensor crosses the hop as raw ``.npy`` bytes.
 
     The standard library's ``http.client``, not httpx: this call is on every query's path, and
     httpx spent ~1.0-1.3 ms of the gateway's CPU per call (request and response models, cookie

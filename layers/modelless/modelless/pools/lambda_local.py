@@ -24,12 +24,12 @@ import httpx
 
 from modelless.catalog import LAMBDA_MB_PER_VCPU, lambda_threads
 from modelless.exceptions import ServiceUnavailableError, WorkerUnreachableError
-from modelless.invocation import Invocation, Reply
 from modelless.pools.health import HealthPolicy, ProcessWatch, Verdict
 from modelless.pools.invokers import raise_for_worker_error
 from modelless.pools.processes import ChildProcess, spawn
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.wire import to_json_message
 from modelless.types import InstanceState, InstanceStats, LambdaTierState, WorkerState
-from modelless.wire import to_json_message
 
 INVOKE_PATH = "/2015-03-31/functions/function/invocations"  # the Lambda runtime emulator's path
 LAMBDA_TIER_ID = "lambda-tier"

@@ -26,11 +26,11 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from aws_lambda_powertools import Logger
 
-from modelless.invocation import Invocation
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker
-from modelless.runtime import warmup_invocation
 from modelless.scaling.warm_pool import within
+from modelless.serving.invocation import Invocation
+from modelless.serving.runtime import warmup_invocation
 from modelless.types import VariantProfile
 
 logger = Logger(service="scaler", child=True)

@@ -318,7 +318,7 @@ def saturation_for_budget(profile: VariantProfile, budget_ms: float) -> float:
 
     A batch larger than one is used only where ``2 · p99(b) <= budget`` (the budget/2 rule): the
     workers' batcher never runs a batch longer than half the tightest budget it serves
-    (``modelless.batching``), so that a tight query arriving during a batch still makes it.
+    (``modelless.serving.batching``), so that a tight query arriving during a batch still makes it.
     A variant whose p99 alone fills the budget gets nothing: no load would meet it reliably.
     Returns 0 when nothing fits.
     """

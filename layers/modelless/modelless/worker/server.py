@@ -7,7 +7,7 @@ and reports its live state to the metadata store every second.
 On an EC2 instance it binds every interface on a fixed port and reports the instance's private
 address: ``--host 0.0.0.0 --port 8500 --advertise-host 10.0.1.23``.
 
-Concurrent invocations of one variant are batched adaptively (``modelless.batching``, Clipper
+Concurrent invocations of one variant are batched adaptively (``modelless.serving.batching``, Clipper
 §4.3) within each query's remaining budget, the payload's ``deadline_ms``; ``--no-batching`` runs
 each invocation on its own, as it arrives.
 
@@ -43,15 +43,6 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
-from modelless.batching import (
-    DEFAULT_MAX_DELAY_S,
-    AimdController,
-    BatchResult,
-    ModelFn,
-    VariantBatcher,
-    max_limit_for,
-    profile_estimate,
-)
 from modelless.exceptions import (
     BatcherClosedError,
     InstanceDrainingError,
@@ -60,11 +51,20 @@ from modelless.exceptions import (
     NotFoundError,
     first_line,
 )
-from modelless.invocation import Invocation, Reply
-from modelless.monitoring import WorkerMonitor
 from modelless.outages import RepeatedFailures
 from modelless.repository import open_repository
-from modelless.runtime import LoadedVariant, VariantRuntime, run_session
+from modelless.serving.batching import (
+    DEFAULT_MAX_DELAY_S,
+    AimdController,
+    BatchResult,
+    ModelFn,
+    VariantBatcher,
+    max_limit_for,
+    profile_estimate,
+)
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.monitoring import WorkerMonitor
+from modelless.serving.runtime import LoadedVariant, VariantRuntime, run_session
 from modelless.tuning import POLICIES, make_policy
 from modelless.tuning.base import ParallelConfig, config_space
 from modelless.tuning.live import DEFAULT_MIN_QUERIES, DEFAULT_WINDOW_S, LiveTuner
@@ -201,7 +201,7 @@ class Worker:
 
     def invoke(self, message: dict[str, Any]) -> dict[str, Any]:
         """``POST /invoke``: the message decoded into its ``Invocation``, served, and its
-        ``Reply`` encoded back (``modelless.invocation``)."""
+        ``Reply`` encoded back (``modelless.serving.invocation``)."""
         # The budget runs from the moment the request arrived: a load it waits for counts too.
         arrived = time.monotonic()
         return self.serve(Invocation.from_message(message), arrived).to_message()

@@ -1,6 +1,6 @@
 """How an invocation travels: the gateway → worker hop in binary frames, Lambda events in JSON.
 
-An invocation and its reply (``modelless.invocation``: ``Invocation.to_message``,
+An invocation and its reply (``modelless.serving.invocation``: ``Invocation.to_message``,
 ``Reply.to_message``) are dicts whose arrays are ``.npy`` bytes (``inputs_npy``, ``outputs_npy``).
 Two encodings carry them:
 

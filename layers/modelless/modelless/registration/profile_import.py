@@ -16,10 +16,10 @@ from typing import Any
 from modelless.catalog import Placement, PoolKind, PoolSpec, lambda_threads
 from modelless.exceptions import InvalidInputError, NotFoundError, NotReadyError
 from modelless.metadata.base import MetadataStore
+from modelless.registration.profiling import model_prefix, variant_id
 from modelless.repository.base import ModelRepository
 from modelless.types import VariantProfile
 from modelless.validation import MAX_LATENCY_MS, MIN_LATENCY_MS
-from modelless.variant_profiling import model_prefix, variant_id
 from variants.recipes import ACCURACY_METRICS, Recipe
 
 REQUIRED = ("recipe", "pool", "latency_p50_ms", "latency_p99_ms", "load_latency_ms", "accuracy", "hardware")

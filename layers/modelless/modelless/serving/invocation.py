@@ -3,7 +3,7 @@
 An ``Invocation`` (a variant, its inputs, the query's correlation id and what is left of its
 budget; an offline batch says so) goes from the dispatcher or an offline runner to a pool worker
 or a Lambda container; a ``Reply`` (the outputs and where the time went) comes back. Each has one
-encoder (``to_message``) and one decoder (``from_message``) to the message ``modelless.wire``
+encoder (``to_message``) and one decoder (``from_message``) to the message ``modelless.serving.wire``
 carries: a dict whose arrays are ``.npy`` bytes, sent as raw frames to a worker or as base64 in a
 Lambda event. Every reader uses the fields; nothing else reads the message.
 
@@ -12,9 +12,9 @@ process from before versions) refuses it with ``ProtocolMismatchError``, a 502 t
 versions met, so that during a rolling deploy an old worker and a new gateway refuse each other
 clearly instead of misreading a field.
 
-Arrays are read with ``allow_pickle=False`` semantics (``modelless.archives.read_npy``): nothing
+Arrays are read with ``allow_pickle=False`` semantics (``modelless.inputs.archives.read_npy``): nothing
 is ever unpickled. A batch keeps its dtype end to end; a model with several inputs gets a
-structured array (``modelless.tensors``).
+structured array (``modelless.inputs.tensors``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from modelless.archives import read_npy
 from modelless.exceptions import InvalidInputError, ProtocolMismatchError
+from modelless.inputs.archives import read_npy
+from modelless.serving.wire import binary_field
 from modelless.types import VariantProfile
-from modelless.wire import binary_field
 
 # Raised by one each time either message's fields change meaning.
 PROTOCOL_VERSION = 1
@@ -95,7 +95,7 @@ class Invocation:
             "variant_id": self.variant.variant_id,
             "variant": self.variant.to_json(),
             "memory_mb": self.variant.memory_mb,  # picks the Lambda function (memory size) to run it
-            "inputs_npy": npy_bytes(self.inputs),  # raw: modelless.wire encodes it per transport
+            "inputs_npy": npy_bytes(self.inputs),  # raw: modelless.serving.wire encodes it per transport
             "correlation_id": self.correlation_id,
         }
         if self.deadline_ms is not None:

@@ -3,7 +3,7 @@ publish each variant the moment its own profile is done, then prune.
 
 Every step runs in a fresh child process (``python -m variants build|measure``), so that the
 memory a profile measures is the variant's own and nothing in the caller disturbs its timings.
-``modelless.registration`` hands a checked, stored model to ``build_and_profile``; this module
+``modelless.registration.service`` hands a checked, stored model to ``build_and_profile``; this module
 never sees an upload.
 """
 

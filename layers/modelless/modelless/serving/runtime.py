@@ -1,11 +1,11 @@
 """onnxruntime inference of variants: the one code path used by pool workers, the Lambda tier
 (``functions/cpu_worker``) and the profiler.
 
-``VariantRuntime.serve`` is the one place an ``Invocation`` (``modelless.invocation``) is run into
+``VariantRuntime.serve`` is the one place an ``Invocation`` (``modelless.serving.invocation``) is run into
 its ``Reply``: the Lambda tier calls it directly, a pool worker through its batcher when it
 batches (``modelless.worker.server``). A batch keeps its dtype end to end (int64 token ids stay
 int64); a model with several inputs gets a structured array, split into the session's feeds
-only at ``session.run`` (``modelless.tensors``).
+only at ``session.run`` (``modelless.inputs.tensors``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from modelless.exceptions import InvalidInputError
-from modelless.invocation import Invocation, Reply
+from modelless.inputs.tensors import from_feeds, to_feeds
 from modelless.repository.base import ModelRepository, fetch_to_cache
-from modelless.tensors import from_feeds, to_feeds
+from modelless.serving.invocation import Invocation, Reply
 from modelless.tuning.base import ParallelConfig
 from modelless.types import ModelRecord, VariantProfile
 

@@ -28,7 +28,8 @@ from aws_lambda_powertools import Logger
 from modelless.catalog import PoolSpec
 from modelless.config import Settings, variable_name
 from modelless.exceptions import InvalidInputError, InvalidModelError, NotFoundError, ServiceUnavailableError
-from modelless.ingest import (
+from modelless.metadata.base import MetadataStore
+from modelless.registration.ingest import (
     IngestedModel,
     IngestRequest,
     Limits,
@@ -39,11 +40,10 @@ from modelless.ingest import (
     needs_child,
     trial_run,
 )
-from modelless.metadata.base import MetadataStore
+from modelless.registration.profiling import Profiler, build_and_profile, model_prefix
 from modelless.repository.base import ModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, TensorSpec
 from modelless.validation import ModelSignature, check_name, load_valset
-from modelless.variant_profiling import Profiler, build_and_profile, model_prefix
 from variants.recipes import ACCURACY_METRICS
 
 logger = Logger(service="registrar", child=True)
@@ -138,7 +138,7 @@ class RegistrationService:
         preprocessing: Mapping[str, Any] | None = None,
     ) -> Registration:
         """Check a model and its validation set (files on this machine or s3:// objects; see
-        ``modelless.ingest``), store them, and queue the generation of its variants. Everything a
+        ``modelless.registration.ingest``), store them, and queue the generation of its variants. Everything a
         caller can get wrong is refused here, before anything is written."""
         _check_request(model_name, metric, preprocessing)
         limits = self._limits()
@@ -371,7 +371,7 @@ def _parsed_recipe(
     """The preprocessing recipe checked against the model's input, every key filled in."""
     if preprocessing is None:
         return None
-    from modelless.preprocessing import parse_recipe
+    from modelless.inputs.preprocessing import parse_recipe
 
     return parse_recipe(preprocessing, signature.inputs[0])
 
