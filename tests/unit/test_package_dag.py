@@ -46,7 +46,10 @@ def imports_of(path: Path, module: str) -> Iterator[tuple[str, int]]:
                 target = f"{base}.{statement.module}" if statement.module else base
             else:
                 target = statement.module or ""
-            if target.startswith("modelless"):
+            if target == "modelless":  # ``from modelless import aws_clients``: the modules named
+                for alias in statement.names:
+                    yield f"modelless.{alias.name}", statement.lineno
+            elif target.startswith("modelless"):
                 yield target, statement.lineno
 
 
@@ -129,11 +132,15 @@ def test_the_cycle_finder_finds_hand_made_cycles(
 
 def test_relative_imports_are_resolved(tmp_path: Path) -> None:
     source = tmp_path / "mod.py"
-    source.write_text("from . import sibling\nfrom ..other import thing\nimport modelless.types\n")
+    source.write_text(
+        "from . import sibling\nfrom ..other import thing\n"
+        "import modelless.types\nfrom modelless import aws_clients\n"
+    )
     assert [t for t, _ in imports_of(source, "modelless.pools.mod")] == [
         "modelless.pools",
         "modelless.other",
         "modelless.types",
+        "modelless.aws_clients",
     ]
 
 
