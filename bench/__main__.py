@@ -52,12 +52,12 @@ from bench.report import (
     span,
     write_fragment,
 )
+from modelless.catalog import DEFAULT_POOLS
 from modelless.cli import format_table
 from modelless.config import Settings
 from modelless.dispatch import LIVE_STATE_TTL_S, Dispatcher
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.selection import InfaasPolicy
 from modelless.types import (
@@ -173,13 +173,14 @@ def bench_targets(app_id: str, variants: list[VariantProfile]) -> list[QueryTarg
 
 
 def new_dispatcher(store: MetadataStore, live_state_ttl_s: float = LIVE_STATE_TTL_S) -> Dispatcher:
-    """A dispatcher configured as the gateway's (the settings' profile cache TTL)."""
+    """A dispatcher configured as the gateway's (the settings' profile cache TTL and tolerance)."""
+    settings = Settings()
     return Dispatcher(
         store,
-        InfaasPolicy(DEFAULT_POOLS),
+        InfaasPolicy(DEFAULT_POOLS, settings.accuracy_tolerance),
         HttpWorkerInvoker(),
         None,
-        cache_ttl_s=Settings().profile_cache_ttl_s,
+        cache_ttl_s=settings.profile_cache_ttl_s,
         live_state_ttl_s=live_state_ttl_s,
     )
 
@@ -417,10 +418,10 @@ def bench_zoo(state_dir: Path, out_dir: Path) -> None:
     """Register the demo zoo (both demo apps) in-process and report what registration produced."""
     from infra.local.demo import DEMO_APPS, zoo_summary
     from infra.zoo.digits import build_zoo
+    from modelless.catalog import DEFAULT_POOLS
     from modelless.config import Settings
-    from modelless.ingest import RegistrationSource
-    from modelless.pools.catalog import DEFAULT_POOLS
-    from modelless.registration import RegistrationService
+    from modelless.registration.ingest import RegistrationSource
+    from modelless.registration.service import RegistrationService
     from modelless.repository.local import LocalModelRepository
 
     print(f"machine: {machine()}")
@@ -517,7 +518,7 @@ def live_once(state_dir: Path, queries: int, metadata: str) -> dict[str, dict[st
     from infra.local.stack import ThreadedGateway, start_stack
     from infra.zoo.digits import build_zoo
     from modelless.client import Client
-    from modelless.observability import logger as gateway_logger
+    from modelless.observability.metrics import logger as gateway_logger
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # EMF on stdout would drown the report
     gateway_logger.setLevel("WARNING")

@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         + (f" --pairs {args.pairs}" if args.pairs else "")
     )
     cache_on()
-    from modelless.observability import logger as gateway_logger
+    from modelless.observability.metrics import logger as gateway_logger
 
     gateway_logger.setLevel("WARNING")
     print(f"machine: {machine()}", flush=True)

@@ -60,7 +60,7 @@ from bench.sim_profiles import (
     measured_zoo,
     pattern_architectures,
 )
-from modelless.pools.catalog import DEFAULT_POOLS, LAMBDA_MB_PER_VCPU, PoolSpec
+from modelless.catalog import DEFAULT_POOLS, LAMBDA_MB_PER_VCPU, PoolSpec
 from modelless.scaling.controller import ScalerConfig
 from modelless.scaling.greedy import solve_greedy
 from modelless.scaling.problem import (

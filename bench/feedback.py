@@ -35,14 +35,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, write_fragment
-from modelless.runtime import npy_bytes, outputs_of
+from modelless.serving.invocation import Invocation, Reply
 
 PART = "selection-feedback"
 MODELS = ("digits-mlp", "digits-small-cnn", "digits-cnn")
@@ -120,13 +120,10 @@ class Outcome:
 # --- the corruption: the benchmark's own invoker wrapper ---------------------------------------
 
 
-def shifted_classes(body: dict[str, Any]) -> dict[str, Any]:
+def shifted_classes(reply: Reply) -> Reply:
     """A reply whose outputs have their classes shifted by one (class c's score moves to c + 1):
     every argmax moves to the next class."""
-    outputs = np.roll(outputs_of(body), 1, axis=1)
-    corrupted = {k: v for k, v in body.items() if not k.startswith("outputs_npy")}
-    corrupted["outputs_npy"] = npy_bytes(np.ascontiguousarray(outputs))
-    return corrupted
+    return replace(reply, outputs=np.ascontiguousarray(np.roll(reply.outputs, 1, axis=1)))
 
 
 class Corrupting:
@@ -138,12 +135,12 @@ class Corrupting:
         self._on = on
         self.model = model
 
-    def invoke(self, *args: Any) -> dict[str, Any]:
-        body: dict[str, Any] = self._inner.invoke(*args)
-        payload = next(a for a in args if isinstance(a, dict))
-        if self._on.is_set() and model_of(payload["variant_id"]) == self.model:
-            return shifted_classes(body)
-        return body
+    def invoke(self, *args: Any) -> Reply:
+        reply: Reply = self._inner.invoke(*args)
+        invocation = next(a for a in args if isinstance(a, Invocation))
+        if self._on.is_set() and model_of(invocation.variant_id) == self.model:
+            return shifted_classes(reply)
+        return reply
 
     def __getattr__(self, name: str) -> Any:  # tier_state, close, ...: the inner invoker's
         return getattr(self._inner, name)
@@ -222,7 +219,7 @@ def run(plan: Plan, state_dir: Path, log: Callable[[str], None] = print) -> Outc
     from infra.zoo.digits import build_zoo
     from modelless.client import Client
     from modelless.feedback.policy import Policy
-    from modelless.observability import logger as gateway_logger
+    from modelless.observability.metrics import logger as gateway_logger
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     # Every answer must come from the models (and their corruption), never from a cache.

@@ -60,12 +60,12 @@ from bench.report import (
     write_fragment,
 )
 from infra.local.ports import free_port
+from modelless.catalog import CPU_POOL, DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.dispatch import Dispatcher
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import JobSpec
 from modelless.offline.service import OfflineService
-from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
@@ -453,11 +453,13 @@ def bench(plan: Plan, redis_url: str, s3_given: str | None) -> dict[str, Any]:
             deadline = time.monotonic() + 15
             while not store.list_workers() and time.monotonic() < deadline:
                 time.sleep(0.1)
-            dispatcher = Dispatcher(store, InfaasPolicy(DEFAULT_POOLS), invoker, None)
-            dispatcher.online_query(QueryTargets(APP), np.zeros((1, 1, 8, 8), dtype=np.float32))  # load it
             # The deployment's settings: the throttle at its defaults.
+            settings = Settings()
+            policy = InfaasPolicy(DEFAULT_POOLS, settings.accuracy_tolerance)
+            dispatcher = Dispatcher(store, policy, invoker, None)
+            dispatcher.online_query(QueryTargets(APP), np.zeros((1, 1, 8, 8), dtype=np.float32))  # load it
             service = OfflineService.from_settings(
-                Settings(), store, DEFAULT_POOLS, live_workers=store.list_workers
+                settings, store, DEFAULT_POOLS, live_workers=store.list_workers
             )
             service.launcher = NoLaunch()
             config = service.throttle_config()

@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, span, write_fragment
+from modelless.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.pipelines.planner import PipelinePlan, plan_pipeline
 from modelless.pipelines.spec import PipelineSpec
 from modelless.pipelines.tuner import StageState, TunerConfig, envelope, tune
-from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.scaling import pool_from_spec, resource_demand
 from modelless.types import VariantProfile
 from sim.traces import TRACE_PATH, ArrivalTimes, gamma_arrivals, load_arrival_times, replay

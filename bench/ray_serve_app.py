@@ -15,7 +15,7 @@ one HTTP proxy bound to 127.0.0.1:
   ``--batch-wait-ms`` (set by the benchmark to the project's batch limit and fill delay).
 
 Each replica runs the model with onnxruntime exactly as the project's workers do
-(``modelless.runtime.make_session``: ``--threads`` intra-op threads, one inter-op thread,
+(``modelless.serving.runtime.make_session``: ``--threads`` intra-op threads, one inter-op thread,
 sequential execution, no further graph optimisation since the artifact is already optimised).
 Per-request access logs are off, as the project's gateway logs no line per query at the
 benchmark's log level. A request body is the project's own: a binary ``.npy`` array
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 
 def make_session(model_path: str, threads: int) -> Any:
-    """The project's worker session options (``modelless.runtime.make_session``), CPU provider."""
+    """The project's worker session options (``modelless.serving.runtime.make_session``), CPU provider."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

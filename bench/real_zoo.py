@@ -11,13 +11,13 @@ progress. What came back is cached per model under ``<state>/bench/real-zoo/`` (
 model's record, its registration (variant states, prune reasons, when the first variant became
 servable and when the last was profiled) and its profiles, with the variant artifacts in a shared
 repository directory beside them. An entry is reused while the model's files, the profiling code
-(``variants/`` and ``modelless/variant_profiling.py``), the profiler's settings and the accelerator
+(``variants/`` and ``modelless/registration/profiling.py``), the profiler's settings and the accelerator
 derivation below are unchanged; anything else registers that model again.
 
 CPU and Lambda profiles are measured here. GPU and Inferentia profiles cannot be (no such device
 is lent to the benchmarks): they are **derived** from each model's measured one-thread CPU profile
 by ``derive_accelerator_entries`` (INFaaS Table 2's ResNet-50 ratios, stated at the constants) and
-imported through the project's import path (``modelless.profile_import``), so they are marked
+imported through the project's import path (``modelless.registration.profile_import``), so they are marked
 ``imported`` and say in ``hardware`` that they were not measured. Consumers that want only what
 was measured take ``RealZoo.measured()``.
 
@@ -51,7 +51,7 @@ from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, span, today, 
 from modelless.types import ModelRecord, QueryTargets, Registration, RegistrationStatus, VariantProfile
 
 if TYPE_CHECKING:
-    from modelless.registration import RegistrationService
+    from modelless.registration.service import RegistrationService
 
 ROOT = Path(__file__).resolve().parent.parent
 PART = "real-zoo"
@@ -60,7 +60,7 @@ CACHE_FORMAT = 1
 QUICK_MODELS = ("mobilenetv3_small_100", "resnet18")
 # The code whose change makes a cached profile stale: the profiler, the variant recipes, pruning
 # and the registration's background part.
-PROFILING_CODE = ("variants", "layers/modelless/modelless/variant_profiling.py")
+PROFILING_CODE = ("variants", "layers/modelless/modelless/registration/profiling.py")
 REGISTRATION_TIMEOUT_S = 4 * 3600.0  # one model's registration, at most
 STALL_TIMEOUT_S = 1800.0  # ...and at most this long without any progress
 POLL_S = 0.25
@@ -93,7 +93,7 @@ DERIVATION_RULE = (
 
 
 def derive_accelerator_entries(cpu_profiles: Sequence[VariantProfile]) -> list[dict[str, Any]]:
-    """Import entries (``modelless.profile_import``) for a GPU and an Inferentia variant of one
+    """Import entries (``modelless.registration.profile_import``) for a GPU and an Inferentia variant of one
     model, derived from its measured 1-thread ``DERIVED_FROM`` CPU profile (see the constants)."""
     sources = [p for p in cpu_profiles if p.pool == "cpu" and p.threads == 1 and not p.imported]
     if not sources:
@@ -395,7 +395,7 @@ def _artifacts_present(model: RegisteredModel, repository: Path) -> bool:
 def submit_registration(registrar: RegistrationService, built: Built) -> Registration:
     """The one call into the registration API: the upload of the model, its validation set and
     its preprocessing recipe, as files on this machine (what an upload becomes on the gateway)."""
-    from modelless.ingest import RegistrationSource
+    from modelless.registration.ingest import RegistrationSource
 
     source = RegistrationSource(model=built.onnx_path, valset=built.valset_path)
     return registrar.register(built.app, built.name, source, preprocessing=built.preprocessing)
@@ -406,13 +406,13 @@ def register_model(
 ) -> RegisteredModel:
     """Register one model in-process into ``repository_dir`` (its previous artifacts removed
     first), following its progress; then import its derived accelerator profiles."""
+    from modelless.catalog import DEFAULT_POOLS
     from modelless.config import Settings
     from modelless.metadata import open_metadata_store
-    from modelless.pools.catalog import DEFAULT_POOLS
-    from modelless.profile_import import import_profiles
-    from modelless.registration import RegistrationService
+    from modelless.registration.profile_import import import_profiles
+    from modelless.registration.profiling import model_prefix
+    from modelless.registration.service import RegistrationService
     from modelless.repository.local import LocalModelRepository
-    from modelless.variant_profiling import model_prefix
 
     store = open_metadata_store("memory://")
     repository = LocalModelRepository(repository_dir)
@@ -495,8 +495,8 @@ def _seconds(value: float | None) -> str:
 
 def held_out_batch(model: RegisteredModel, rows: int) -> np.ndarray:
     """``rows`` examples of the model's held-out test set, as a batch the model takes (a plain
-    array for one input, a structured array for several: ``modelless.tensors``)."""
-    from modelless.tensors import from_feeds
+    array for one input, a structured array for several: ``modelless.inputs.tensors``)."""
+    from modelless.inputs.tensors import from_feeds
 
     specs = model.record.input_specs
     with np.load(model.testset, allow_pickle=False) as data:

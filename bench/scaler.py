@@ -1,4 +1,4 @@
-"""Benchmark of the variant-mix program (DESIGN §5): the exact solver's time and proven gap,
+"""Benchmark of the variant-mix program (docs/ARCHITECTURE.md §5): the exact solver's time and proven gap,
 and the greedy's gap. Writes its write-up to ``<out>/scaler.md`` and the raw numbers to
 ``<out>/scaler.json``.
 
@@ -258,7 +258,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
     """``scaler.md`` (a fragment of docs/BENCHMARKS.md) and ``scaler.json``."""
     limit = report["limit_s"]
     lines = [
-        "## The scaler's variant-mix program (DESIGN §5)",
+        "## The scaler's variant-mix program (docs/ARCHITECTURE.md §5)",
         "",
         f"Machine: `{report['machine']}` ({report['cpu']}); {report['date']}. "
         f"Reproduce: `{report['command']}` "
@@ -418,7 +418,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
         "compact rows. That search only finds plans: the pattern program is a restriction, so the plan's "
         "lower bound (its certified gap, and \"optimal\") comes from the compact program alone, a "
         "relaxation of every plan that packs: its LP's bound, then HiGHS on its MILP with the plan's "
-        "objective as the cutoff (`exact._certify`, issue 32). Where that does not finish within the "
+        "objective as the cutoff (`bounds.certify`, issue 32). Where that does not finish within the "
         "limit, the plan has no certified gap (\u2014).",
     ]
     write_fragment(out, "scaler", "\n".join(lines), {**report, "headlines": _headlines(report)})

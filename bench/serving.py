@@ -10,7 +10,7 @@ and MobileNetV3-Small), every query carrying a ``BUDGET_MS`` latency target:
 1. **Overhead** of the project's serving path, seen from the client's side (encoding the query,
    sending it, the gateway, selection, the hop to the worker, decoding the reply) over a direct,
    in-process onnxruntime call of the very artifact served, with the same session options
-   (``modelless.runtime.make_session``): one caller, sequential queries, on the binary path
+   (``modelless.serving.runtime.make_session``): one caller, sequential queries, on the binary path
    (``application/x-npy``) and, for contrast, with today's JSON body. The client's encoding is
    timed in this process (the load generator sends bytes encoded once) and added. Targets: on
    ResNet-50 at most 10 % of its direct p50, and at most 2 ms absolute.
@@ -324,9 +324,9 @@ class ProjectStack:
     def warm_lambda(self, variant: VariantProfile, sample: np.ndarray) -> None:
         """Start the Lambda tier's container and load ``variant`` in it, so that no load measured
         pays its cold start (a process start and a model load: seconds here)."""
-        from modelless.runtime import invocation_payload
+        from modelless.serving.invocation import Invocation
 
-        self.stack.lambda_tier.invoke(invocation_payload(variant, sample, "bench-warm-up"), 180)
+        self.stack.lambda_tier.invoke(Invocation(variant, sample, "bench-warm-up"), 180)
 
     def instance(self, variant_id: str) -> tuple[str, int]:
         """The instance's reported state and batch limit (rows per run) on the worker."""
@@ -647,8 +647,8 @@ def measure_direct(
     import numpy as np
 
     from bench.real_zoo import encode_body, json_body
-    from modelless.runtime import make_session
-    from modelless.tensors import to_feeds
+    from modelless.inputs.tensors import to_feeds
+    from modelless.serving.runtime import make_session
     from modelless.types import QueryTargets
 
     session = make_session(artifact, threads)
@@ -771,8 +771,8 @@ def serving_variant(model: RegisteredModel) -> VariantProfile:
 
 def run_bench(args: argparse.Namespace, plan: Plan, command: str) -> Run:
     from bench.real_zoo import encode_body, held_out_batch, json_body, query_path, real_zoo
-    from modelless.batching import DEFAULT_MAX_DELAY_S, max_limit_for
-    from modelless.observability import logger as gateway_logger
+    from modelless.observability.metrics import logger as gateway_logger
+    from modelless.serving.batching import DEFAULT_MAX_DELAY_S, max_limit_for
     from modelless.types import QueryTargets
 
     started = time.monotonic()

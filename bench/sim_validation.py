@@ -61,7 +61,7 @@ from bench.loadgen import Connection
 from bench.real_zoo import RegisteredModel, encode_body, held_out_batch, query_path
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, span, write_fragment
 from bench.sim_profiles import Zoo, developer_cpu_variant
-from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
+from modelless.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.scaling.controller import ScalerConfig
 from modelless.types import VariantProfile
 from sim.simulator import (
@@ -158,8 +158,8 @@ def measure_lambda_cold_starts(zoo: Zoo, state_dir: Path, runs: int = 3) -> list
     load is not in it (the simulator adds the variant's profiled load time)."""
 
     from infra.local.lambda_container import local_lambda_tier
-    from modelless.runtime import invocation_payload
-    from modelless.tensors import example_batch
+    from modelless.inputs.tensors import example_batch
+    from modelless.serving.invocation import Invocation
 
     variant = min(
         (p for p in zoo.measured() if p.pool == "lambda-cpu"), key=lambda p: (p.load_latency_ms, p.variant_id)
@@ -170,9 +170,9 @@ def measure_lambda_cold_starts(zoo: Zoo, state_dir: Path, runs: int = 3) -> list
     for run in range(runs):
         tier = local_lambda_tier(str(zoo.repository), state_dir / "logs", state_dir / "cache", concurrency=1)
         try:
-            body = tier.invoke(invocation_payload(variant, inputs, f"cold-{run}"), 60.0)
-            if body.get("cold_start"):
-                cold.append(float(body["init_ms"]))
+            reply = tier.invoke(Invocation(variant, inputs, f"cold-{run}"), 60.0)
+            if reply.cold_start:
+                cold.append(reply.init_ms)
         finally:
             tier.close()
     return cold
@@ -216,7 +216,7 @@ def run_live(zoo: Zoo, mix: Mix, schedule: Sequence[Arrival], phases: Phases, st
     artifacts) into it, replay ``schedule`` from a load-generator process, and collect replies."""
 
     from infra.local.stack import ThreadedGateway, start_stack
-    from modelless.observability import logger as gateway_logger
+    from modelless.observability.metrics import logger as gateway_logger
 
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     gateway_logger.setLevel("ERROR")

@@ -44,13 +44,14 @@ import numpy as np
 from bench.real_zoo import RegisteredModel, cache_dir, held_out_batch
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, percentile, write_fragment
 from bench.serving import LoadGenerator
+from modelless.inputs.tensors import to_feeds
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import default_config, invocation_payload, make_session
-from modelless.tensors import to_feeds
+from modelless.serving.invocation import Invocation
+from modelless.serving.runtime import default_config, make_session
+from modelless.serving.wire import FRAMES_MEDIA_TYPE, encode_frames
 from modelless.tuning.base import ParallelConfig, config_space, observe_window, score
 from modelless.types import VariantProfile
-from modelless.wire import FRAMES_MEDIA_TYPE, encode_frames
 
 PART = "tuning"
 DEFAULT_MODEL = "mobilenetv3_small_100"
@@ -212,7 +213,7 @@ def worker(subject: Subject, workdir: Path, name: str, *extra: str) -> Iterator[
 
 
 def body_of(subject: Subject, budget_ms: float) -> bytes:
-    return encode_frames(invocation_payload(subject.variant, subject.inputs, "bench-tuning", budget_ms))
+    return encode_frames(Invocation(subject.variant, subject.inputs, "bench-tuning", budget_ms).to_message())
 
 
 def load_job(address: str, body: bytes, mode: str, duration_s: float, **load: float) -> dict[str, Any]:

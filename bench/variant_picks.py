@@ -29,17 +29,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bench.real_zoo import RealZoo, accuracy_with_ci, fmt_ms, real_zoo
 from bench.report import DEFAULT_OUT_DIR, machine, markdown_table, today, write_fragment
+from modelless.catalog import DEFAULT_POOLS, PoolKind
 from modelless.config import Settings
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import ModellessError
 from modelless.metadata import MetadataStore, open_metadata_store
-from modelless.pools.catalog import DEFAULT_POOLS, PoolKind
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import Decision, InstanceState, InstanceStats, QueryTargets, VariantProfile, WorkerState
 
 PART = "variant-picks"
@@ -74,7 +74,7 @@ class _NoInvocations:
     """A Lambda tier that is never called: selection only needs to know one exists (and, with
     no ``tier_state``, takes it as warm, as it does in AWS)."""
 
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
         raise RuntimeError("the variant-picks benchmark runs no query")
 
 
@@ -146,12 +146,13 @@ def picks(
     for worker in fleet(zoo, warm):
         store.put_worker_state(worker)
     # Configured as the gateway's (bench/__main__.py's new_dispatcher), with a Lambda tier.
+    settings = Settings()
     dispatcher = _SelectionOnly(
         store,
-        InfaasPolicy(DEFAULT_POOLS),
+        InfaasPolicy(DEFAULT_POOLS, settings.accuracy_tolerance),
         HttpWorkerInvoker(),
         _NoInvocations(),
-        cache_ttl_s=Settings().profile_cache_ttl_s,
+        cache_ttl_s=settings.profile_cache_ttl_s,
     )
     found: dict[str, dict[tuple[str, float], Pick]] = {}
     for app in zoo.apps:

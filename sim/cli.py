@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.catalog import DEFAULT_POOLS
 from modelless.scaling.controller import ScalerConfig
 from modelless.types import QueryTargets, VariantProfile
 from sim.simulator import Modelless, SimConfig, SimResult, Simulation

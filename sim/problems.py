@@ -18,7 +18,7 @@ import math
 import random
 from dataclasses import replace
 
-from modelless.pools.catalog import ACCEL_POOL, CPU_POOL, GPU_POOL, LAMBDA_MB_PER_VCPU, PoolKind, PoolSpec
+from modelless.catalog import ACCEL_POOL, CPU_POOL, GPU_POOL, LAMBDA_MB_PER_VCPU, PoolKind, PoolSpec
 from modelless.scaling import (
     ScalingGroup,
     ScalingProblem,

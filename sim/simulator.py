@@ -45,21 +45,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple, Protocol
 
-from modelless.batching import (
-    AimdController,
-    BudgetCaps,
-    EstimateFn,
-    RecentTightestBudget,
-    batch_limit,
-    max_limit_for,
-    profile_estimate,
-)
-from modelless.dispatch.live_view import with_in_flight
-from modelless.dispatch.profiles import ProfileCache
-from modelless.exceptions import TargetsUnreachableError
-from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.monitoring import WorkerMonitor
-from modelless.pools.catalog import (
+from modelless.catalog import (
     CPU_POOL,
     DEFAULT_POOLS,
     LAMBDA_MB_PER_VCPU,
@@ -68,15 +54,30 @@ from modelless.pools.catalog import (
     PoolKind,
     PoolSpec,
 )
+from modelless.dispatch.live_view import with_in_flight
+from modelless.dispatch.profiles import ProfileCache
+from modelless.exceptions import TargetsUnreachableError
+from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.provider import DRAIN_WAIT_S
 from modelless.query_load import QueryGroup, QueryLoadCounter, group_of
 from modelless.scaling.controller import Scaler, ScalerConfig, Solver
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.problem import MEMORY_MB, ScalingPlan, ScalingProblem, resource_demand
-from modelless.selection import InfaasPolicy, LambdaTierState, needs_warming
+from modelless.selection import InfaasPolicy, needs_warming
+from modelless.serving.batching import (
+    AimdController,
+    BudgetCaps,
+    EstimateFn,
+    RecentTightestBudget,
+    batch_limit,
+    max_limit_for,
+    profile_estimate,
+)
+from modelless.serving.monitoring import WorkerMonitor
 from modelless.types import (
     InstanceState,
     InstanceStats,
+    LambdaTierState,
     ModelRecord,
     QueryTargets,
     Registration,

@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from modelless.catalog import CPU_POOL
 from modelless.exceptions import ModellessError
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.offline.compute import Paused, RunResult
 from modelless.offline.objects import InMemoryObjectStore
-from modelless.pools.catalog import CPU_POOL
 from modelless.types import (
     Decision,
     InstanceState,

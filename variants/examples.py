@@ -3,10 +3,10 @@
 The registered validation set (checked at registration by ``modelless.validation.load_valset``)
 is an ``.npz`` with ``labels`` and, for a one-input model, ``inputs`` (or the input's own name);
 for several inputs, one array per input name. Here it becomes the batch a session is fed through
-``modelless.tensors.to_feeds``: a plain array for one input, a structured array for several.
+``modelless.inputs.tensors.to_feeds``: a plain array for one input, a structured array for several.
 The same reading order as ``load_valset``, without its checks of content (done once, at
 registration) and with the inputs as the artifact's session names and types them; its size
-limits are kept (``modelless.archives``), so that no archive is inflated past them.
+limits are kept (``modelless.inputs.archives``), so that no archive is inflated past them.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from modelless.archives import open_zip, read_npz_members
 from modelless.config import get_settings
-from modelless.tensors import from_feeds
+from modelless.inputs.archives import open_zip, read_npz_members
+from modelless.inputs.tensors import from_feeds
 from modelless.types import TensorSpec
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def read_examples(
     """(batch, labels) of every validation example, each input cast to its dtype. The arrays are
     read within ``max_unpacked_bytes`` in all (default: the deployment's validation set limit,
     ``MODELLESS_MAX_VALSET_UNPACKED_BYTES``), each checked before it is inflated, as
-    registration read them (``modelless.archives``)."""
+    registration read them (``modelless.inputs.archives``)."""
     limit = get_settings().valset_unpacked_limit if max_unpacked_bytes is None else max_unpacked_bytes
     with open_zip(valset, "the validation set") as archive:
         infos = {info.filename.removesuffix(".npy"): info for info in archive.infolist()}

@@ -29,7 +29,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-from modelless.tensors import to_feeds
+from modelless.inputs.tensors import to_feeds
 from variants.recipes import Recipe
 
 OPT_LEVELS: dict[str, ort.GraphOptimizationLevel] = {

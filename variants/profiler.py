@@ -3,7 +3,7 @@ p99 per batch size, saturation throughput, resident memory) and, apart, its accu
 
 Meant to run in a fresh child process per measurement, so that the memory it measures is the
 variant's own and nothing else in the parent disturbs the timings. The session is made exactly as
-serving makes it (``modelless.runtime.make_session``), so a profiled median is what a query sees.
+serving makes it (``modelless.serving.runtime.make_session``), so a profiled median is what a query sees.
 
 Timing runs until the estimate is stable, not a fixed number of times: per batch size, a warm-up
 until two consecutive runs agree, then timed runs until the 95 % confidence interval of the
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from modelless.runtime import make_session
-from modelless.tensors import to_feeds
+from modelless.inputs.tensors import to_feeds
+from modelless.serving.runtime import make_session
 from variants.examples import read_examples, rows, session_specs
 from variants.recipes import ACCURACY_METRICS
 from variants.stats import median_ci_pct, wilson_interval

@@ -1,5 +1,5 @@
 """The offline function: S3-triggered batch jobs, idempotent (Powertools' idempotency utility on
-Redis), resumable, throttled (``modelless.entrypoints.offline``; DESIGN §6). Events: S3
+Redis), resumable, throttled (``modelless.entrypoints.offline``; docs/ARCHITECTURE.md §6). Events: S3
 ObjectCreated (straight or through SQS), ``{"jobId": …}`` continuations, the resume schedule.
 """
 

@@ -95,7 +95,7 @@ CONSTRAINTS="$HOME_DIR/deploy/constraints.txt"
 # Each wheel with its worker extra: what python -m modelless.worker imports, pinned.
 "$VENV/bin/pip" install --quiet --constraint "$CONSTRAINTS" "${wheels[@]/%/[worker]}"
 if [ "$MODELLESS_POOL" = "gpu" ] && command -v nvidia-smi >/dev/null 2>&1; then
-  # Same version, CUDA build: modelless.runtime prefers the CUDA provider where it is available.
+  # Same version, CUDA build: modelless.serving.runtime prefers the CUDA provider where it is available.
   ort_version="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("onnxruntime"))')"
   "$VENV/bin/pip" uninstall --quiet --yes onnxruntime
   "$VENV/bin/pip" install --quiet --constraint "$CONSTRAINTS" "onnxruntime-gpu==$ort_version" \

@@ -27,7 +27,7 @@ import numpy as np
 from infra.local.stack import STATE_FILE, GracefulServer, refusing_to_start, serve, start_stack
 from modelless.cli import format_table, load_app_key, progress_bar, save_app_key, variant_rows
 from modelless.client import Client, ModellessClientError
-from modelless.observability import logger as gateway_logger
+from modelless.observability.metrics import logger as gateway_logger
 
 ZOOS = ("digits", "real")
 # Two apps: one serves the whole zoo; the other, a cheaper subset of it.

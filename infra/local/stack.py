@@ -28,20 +28,20 @@ from infra.local.redis_server import EmbeddedRedis, EmbeddedRedisError, find_red
 from infra.local.store_epoch import check_store_epoch
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
+from modelless.catalog import CPU_POOL
 from modelless.client import Client
 from modelless.config import get_settings
 from modelless.dispatch.attempts import DEADLINE_GRACE_S, MAX_INVOKE_TIMEOUT_S
 from modelless.exceptions import StoreEmptiedError, StoreUnavailableError
 from modelless.metadata import MetadataStore, open_metadata_store
-from modelless.observability import logger
+from modelless.observability.metrics import logger
+from modelless.observability.prometheus import record_scaling
 from modelless.offline.events import S3JobStarter, SqsEventPoller, s3_records
-from modelless.offline.service import ThreadLauncher
+from modelless.offline.launchers import ThreadLauncher
 from modelless.pipelines.autopilot import PipelineAutopilot
-from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.pools.warm import InvokingWarmPool
-from modelless.prometheus import record_scaling
 from modelless.scaling.controller import Scaler, ScalerConfig, record_plan
 from modelless.tuning import POLICIES
 
@@ -125,7 +125,7 @@ class LocalStack:
                     now = time.time()
                     report = scaler.tick(now)
                     record_plan(self.services.store, report, now)  # the dashboard shows it
-                    record_scaling(report)  # GET /metrics (modelless.prometheus)
+                    record_scaling(report)  # GET /metrics (modelless.observability.prometheus)
                     if report.plan.unmet or report.held or any(report.plan.lambda_qps.values()):
                         logger.info("scaling tick", extra=report.summary())
                 except Exception:

@@ -41,7 +41,7 @@ from bench.sim_profiles import (
     pattern_architectures,
     pattern_slo_ms,
 )
-from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.catalog import DEFAULT_POOLS
 from modelless.types import VariantProfile
 from sim.simulator import FixedVariant, Modelless, instance_memory_gb, worker_slots
 from sim.traces import TRACE_PATH, ArrivalTimes, GammaProcess, OnOffProcess, RateCurve

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from bench import feedback as bench
-from modelless.runtime import npy_bytes, outputs_of
+from modelless.serving.invocation import Invocation, Reply
+from tests.unit.dispatch_kit import make_variant
 
 
 class EchoInvoker:
@@ -22,14 +22,18 @@ class EchoInvoker:
     def __init__(self) -> None:
         self.calls = 0
 
-    def invoke(self, address: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, address: str, invocation: Invocation, timeout_s: float) -> Reply:
         self.calls += 1
         logits = np.zeros((2, 10), dtype=np.float32)
         logits[:, 2] = 1.0
-        return {"outputs_npy": npy_bytes(logits), "queue_ms": 0.1}
+        return Reply(logits, batch=2, queue_ms=0.1)
 
     def tier_state(self) -> str:
         return "inner"
+
+
+def invocation_of(model: str) -> Invocation:
+    return Invocation(make_variant(f"app/{model}/fp32/cpu", model=model), np.zeros((2, 4), np.float32), "q")
 
 
 def test_the_corruption_shifts_the_named_models_classes_only_while_on() -> None:
@@ -37,15 +41,15 @@ def test_the_corruption_shifts_the_named_models_classes_only_while_on() -> None:
     wrapped = bench.Corrupting(EchoInvoker(), on, "bad")
 
     def classes(model: str) -> list[int]:
-        body = wrapped.invoke("addr", {"variant_id": f"app/{model}/fp32/cpu"}, 1.0)
-        return [int(c) for c in np.argmax(outputs_of(body), axis=1)]
+        reply = wrapped.invoke("addr", invocation_of(model), 1.0)
+        return [int(c) for c in np.argmax(reply.outputs, axis=1)]
 
     assert classes("bad") == [2, 2]
     on.set()
     assert classes("bad") == [3, 3] and classes("good") == [2, 2]
     assert wrapped.tier_state() == "inner"  # what the wrapper does not change, it passes on
-    body = wrapped.invoke("addr", {"variant_id": "app/bad/fp32/cpu"}, 1.0)
-    assert body["queue_ms"] == 0.1
+    reply = wrapped.invoke("addr", invocation_of("bad"), 1.0)
+    assert reply.queue_ms == 0.1
 
 
 def test_trailing_error_rate() -> None:

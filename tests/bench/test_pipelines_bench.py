@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bench import pipelines as bench
+from modelless.catalog import DEFAULT_POOLS
 from modelless.pipelines.spec import PipelineSpec
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.types import VariantProfile
 from sim.traces import gamma_arrivals
 from tests.unit.test_pipelines_planner import profile

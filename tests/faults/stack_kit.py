@@ -20,7 +20,7 @@ from infra.local.stack import LocalStack, ThreadedGateway, start_stack
 from modelless.dispatch.attempts import DEADLINE_GRACE_S
 from modelless.metadata.base import MetadataStore
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import npy_bytes
+from modelless.serving.invocation import npy_bytes
 from tests.functional.workers_kit import APP, ARTIFACT_KEY, make_variant, publish_linear_model, sample_inputs
 from tests.models import linear_model
 

@@ -20,8 +20,9 @@ import time
 import pytest
 
 from modelless.metadata.redis import RedisMetadataStore
+from modelless.offline.child_processes import ChildProcessRunner
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key
-from modelless.offline.service import ChildProcessRunner, ThreadLauncher
+from modelless.offline.launchers import ThreadLauncher
 from modelless.pools.local import LocalWorkerPool
 from modelless.types import JobStatus, OfflineJob, VariantProfile
 from tests.functional.offline_fixtures import Buckets, offline_service, redis_url

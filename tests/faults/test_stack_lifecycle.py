@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from infra.local.ports import free_port
+from modelless.catalog import CPU_POOL
 from modelless.client import Client
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import CPU_POOL
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
 from tests.functional.workers_kit import APP, ARTIFACT_KEY, make_variant, publish_linear_model, sample_inputs

@@ -38,7 +38,7 @@ from modelless.config import Settings
 from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.runtime import npy_bytes
+from modelless.serving.invocation import npy_bytes
 from tests.conftest import redis_server_binary
 from tests.faults.stack_kit import BUDGET_MS, QueryLoad, Reply, served_stack, summary
 from tests.functional.workers_kit import APP, sample_inputs

@@ -17,10 +17,10 @@ from typing import Any
 import boto3
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.service import OfflineService
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.local import LocalWorkerPool
 from modelless.types import VariantProfile
 from tests.functional.workers_kit import APP, make_variant, publish_linear_model, sample_inputs, start_worker

@@ -34,11 +34,11 @@ import pytest
 
 from infra.build.lambda_artifacts import load_template
 from modelless.auth import hash_key
+from modelless.catalog import LAMBDA_POOL, Placement, lambda_threads
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key
-from modelless.pools.catalog import LAMBDA_POOL, Placement, lambda_threads
-from modelless.runtime import inputs_of, outputs_of
 from modelless.scaling.ticks import MIN_TICK_RESERVE_S, SCHEDULE_S
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import JobStatus, ModelRecord, Registration, RegistrationStatus, VariantProfile
 from tests.conftest import service_url
 from tests.functional.aws_kit import (
@@ -362,13 +362,15 @@ def test_cpu_worker_runs_its_payload_with_the_variant_from_s3(deployment: Deploy
     second = worker.handler(event, LambdaContext("modelless-CpuWorker1769", variant.memory_mb))
 
     assert first["statusCode"] == 200, first
-    assert first["cold_start"] is True and first["load_ms"] > 0
+    assert second["statusCode"] == 200, second
+    cold, warm = Reply.from_message(first), Reply.from_message(second)
+    assert cold.cold_start is True and cold.load_ms > 0
     # Imported into this (long-running) process, the container's init is the module's own import
     # and set-up, never this process's age.
-    assert 0 < first["init_ms"] <= import_ms
-    assert second["cold_start"] is False and second["init_ms"] == 0 and second["load_ms"] == 0
-    inputs = inputs_of(event)
-    np.testing.assert_allclose(outputs_of(first), logits(linear_model(), inputs), rtol=1e-5)
+    assert 0 < cold.init_ms <= import_ms
+    assert warm.cold_start is False and warm.init_ms == 0 and warm.load_ms == 0
+    inputs = Invocation.from_message(event).inputs
+    np.testing.assert_allclose(cold.outputs, logits(linear_model(), inputs), rtol=1e-5)
     gone = VariantProfile.from_json(event["variant"].replace(variant.artifact_key, "apps/none/model.onnx"))
     gone = dataclasses.replace(gone, variant_id=f"{variant.variant_id}-gone")
     missing = {**event, "variant_id": gone.variant_id, "variant": gone.to_json()}

@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import ConflictError, NotFoundError
+from modelless.feedback.factory import feedback_store_for
 from modelless.feedback.memory import InMemoryFeedbackStore
 from modelless.feedback.policy import Policy, exp3_probabilities
 from modelless.feedback.redis import RedisFeedbackStore
 from modelless.feedback.service import FeedbackService, GivenFeedback
-from modelless.feedback.store import FeedbackStore, QueryRecord, feedback_store_for
+from modelless.feedback.store import FeedbackStore, QueryRecord
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository

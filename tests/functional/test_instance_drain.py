@@ -22,14 +22,14 @@ import httpx
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher, QueryResult
 from modelless.exceptions import InvalidInputError, ServiceUnavailableError
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
-from modelless.runtime import outputs_of
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Reply
 from modelless.types import QueryTargets, VariantProfile, WorkerState
 from modelless.worker.server import Worker
 from tests.functional.workers_kit import (
@@ -40,12 +40,13 @@ from tests.functional.workers_kit import (
     Setup,
     expected_logits,
     gate_worker_runs,
+    invocation_of,
     make_variant,
-    payload,
     publish_linear_model,
     report_url_of,
     reported,
     sample_inputs,
+    served,
     worker_pool,
 )
 from tests.waiting import scaled, wait_for
@@ -148,8 +149,8 @@ def test_a_draining_instance_refuses_new_queries_finishes_its_own_then_frees_its
     entered, release = gate_worker_runs(monkeypatch)
     worker = Worker("drain-0", "cpu", 1, setup.repository_url, setup.tmp / "cache")
     variant, other, inputs = make_variant(), make_variant(suffix="-other"), sample_inputs(2)
-    outcome: list[dict[str, Any]] = []
-    request = threading.Thread(target=lambda: outcome.append(worker.invoke(payload(variant, inputs))))
+    outcome: list[Reply] = []
+    request = threading.Thread(target=lambda: outcome.append(served(worker, invocation_of(variant, inputs))))
     request.start()
     assert entered.wait(scaled(INVOKE_TIMEOUT_S)), "the request never ran"
 
@@ -160,20 +161,20 @@ def test_a_draining_instance_refuses_new_queries_finishes_its_own_then_frees_its
     assert draining.instances == ()  # out of the reports: selection stops choosing it...
     assert draining.free_slots == 0  # ...but its slot is not free until its query is done
     with pytest.raises(ServiceUnavailableError) as refused:  # new queries: a retryable 503
-        worker.invoke(payload(variant, inputs))
+        served(worker, invocation_of(variant, inputs))
     assert refused.value.code == "instance_draining"
     assert refused.value.status_code == 503
 
     release.set()
     request.join(scaled(INVOKE_TIMEOUT_S))
-    [body] = outcome  # the query it held is answered
-    np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
+    [answered] = outcome  # the query it held is answered
+    np.testing.assert_allclose(answered.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
     freed = worker.monitor.snapshot(0.0)
     assert freed.free_slots == 1 and worker.runtime.loaded_ids == []
     # The slot was reserved for another variant: shortly after, a query for the drained one is
     # still refused rather than loading it back on demand...
     with pytest.raises(ServiceUnavailableError, match="just unloaded"):
-        worker.invoke(payload(variant, inputs))
+        served(worker, invocation_of(variant, inputs))
     # ...and the freed slot takes the plan's variant.
     assert worker.load({"variant": other.to_json()})["loaded"] == other.variant_id
     assert worker.runtime.loaded_ids == [other.variant_id]
@@ -184,20 +185,20 @@ def test_a_drain_that_reserves_nothing_lets_the_next_query_load_the_variant_agai
     # the variant loads it on demand, as for any variant no worker holds, rather than failing.
     worker = Worker("drain-3", "cpu", 1, setup.repository_url, setup.tmp / "cache")
     variant, inputs = make_variant(), sample_inputs(1)
-    worker.invoke(payload(variant, inputs))
+    served(worker, invocation_of(variant, inputs))
 
     assert worker.unload({"variant_id": variant.variant_id}) == {"unloaded": True, "draining": False}
     assert worker.runtime.loaded_ids == []
 
-    body = worker.invoke(payload(variant, inputs))
-    np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
+    reply = served(worker, invocation_of(variant, inputs))
+    np.testing.assert_allclose(reply.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
     assert worker.runtime.loaded_ids == [variant.variant_id]
 
 
 def test_a_plan_wanting_a_draining_variant_again_keeps_it(setup: Setup) -> None:
     worker = Worker("drain-1", "cpu", 1, setup.repository_url, setup.tmp / "cache")
     variant, inputs = make_variant(), sample_inputs(1)
-    worker.invoke(payload(variant, inputs))
+    served(worker, invocation_of(variant, inputs))
     worker._admit(variant.variant_id)  # a query in flight on it, as far as the drain can tell
     try:
         assert worker.unload({"variant_id": variant.variant_id})["draining"] is True
@@ -207,7 +208,7 @@ def test_a_plan_wanting_a_draining_variant_again_keeps_it(setup: Setup) -> None:
     state = worker.monitor.snapshot(0.0)
     assert [i.variant_id for i in state.instances] == [variant.variant_id]
     assert worker.runtime.loaded_ids == [variant.variant_id]
-    assert "batch" in worker.invoke(payload(variant, inputs))  # served, not refused
+    assert served(worker, invocation_of(variant, inputs)).batch == len(inputs)  # served, not refused
 
 
 def test_unload_refuses_nonsense_options(setup: Setup) -> None:

@@ -10,13 +10,12 @@ import numpy as np
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.warm import InvokingWarmPool
-from modelless.runtime import outputs_of
 from modelless.types import InstanceState
 from tests.functional.workers_kit import (
     INVOKE_TIMEOUT_S,
     expected_logits,
+    invocation_of,
     make_variant,
-    payload,
     publish_linear_model,
     sample_inputs,
 )
@@ -51,17 +50,15 @@ def test_the_warm_pool_starts_its_containers_before_the_burst_that_needs_them(ti
             # A burst: as many queries at once as there are containers; none waits for a start
             # or a load.
             with ThreadPoolExecutor(tier.concurrency) as burst:
-                bodies = list(
+                replies = list(
                     burst.map(
-                        lambda _, v=variant: tier.invoke(payload(v, inputs), INVOKE_TIMEOUT_S),
+                        lambda _, v=variant: tier.invoke(invocation_of(v, inputs), INVOKE_TIMEOUT_S),
                         range(tier.concurrency),
                     )
                 )
-            assert [(body["cold_start"], body["load_ms"]) for body in bodies] == [
-                (False, 0)
-            ] * tier.concurrency
-            for body in bodies:
-                np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
+            assert [(reply.cold_start, reply.load_ms) for reply in replies] == [(False, 0)] * tier.concurrency
+            for reply in replies:
+                np.testing.assert_allclose(reply.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
         assert tier.cold_starts == tier.concurrency
     finally:
         warm_pool.close()

@@ -29,10 +29,9 @@ import onnxruntime as ort
 import pytest
 
 from infra.local.lambda_container import local_lambda_tier
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher, QueryResult
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.monitoring import WINDOW_S
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
@@ -40,6 +39,7 @@ from modelless.query_load import group_of
 from modelless.repository.local import LocalModelRepository
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.selection import InfaasPolicy
+from modelless.serving.monitoring import WINDOW_S
 from modelless.types import InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
 from tests.functional.workers_kit import (
     APP,
@@ -47,8 +47,8 @@ from tests.functional.workers_kit import (
     LOAD_LIMIT_S,
     MODEL,
     Load,
+    invocation_of,
     make_variant,
-    payload,
     publish_linear_model,
     report_url_of,
     reported,
@@ -249,14 +249,16 @@ def test_saturating_load_makes_an_instance_overloaded_and_it_recovers_when_the_l
     def state_of() -> InstanceState | None:
         return instance_state(redis_store, worker.worker_id, variant.variant_id)
 
-    invoker.invoke(worker.address, payload(variant, inputs), INVOKE_TIMEOUT_S)
+    invoker.invoke(worker.address, invocation_of(variant, inputs), INVOKE_TIMEOUT_S)
     assert wait_for(state_of, 5.0, "the loaded instance") is InstanceState.ACTIVE
 
     # Saturating: more callers than two full batches (the batcher takes up to 8 rows a run), so
     # that requests queue behind the run in progress whatever the machine's speed; with only 8
     # callers one batch holds them all and the instance idles between round trips.
     callers = 24
-    load = Load(callers, lambda: invoker.invoke(worker.address, payload(variant, inputs), INVOKE_TIMEOUT_S))
+    load = Load(
+        callers, lambda: invoker.invoke(worker.address, invocation_of(variant, inputs), INVOKE_TIMEOUT_S)
+    )
     try:
         wait_for(
             state_of,
@@ -295,8 +297,8 @@ def test_noisy_neighbours_make_an_instance_interfered_and_it_recovers_when_they_
     alone: list[float] = []
     until = time.monotonic() + WINDOW_S
     while time.monotonic() < until or len(alone) < 40:
-        answer = invoker.invoke(worker.address, payload(unprofiled, inputs), INVOKE_TIMEOUT_S)
-        alone.append(answer["inference_ms"])
+        answer = invoker.invoke(worker.address, invocation_of(unprofiled, inputs), INVOKE_TIMEOUT_S)
+        alone.append(answer.inference_ms)
         time.sleep(pause_s)
     measured_p99 = float(np.percentile(alone[5:], 99))
     variant = long_variant(measured_p99)
@@ -305,7 +307,7 @@ def test_noisy_neighbours_make_an_instance_interfered_and_it_recovers_when_they_
         return instance_state(redis_store, worker.worker_id, variant.variant_id)
 
     def light() -> object:
-        return invoker.invoke(worker.address, payload(variant, inputs), INVOKE_TIMEOUT_S)
+        return invoker.invoke(worker.address, invocation_of(variant, inputs), INVOKE_TIMEOUT_S)
 
     load = Load(1, light, pause_s=pause_s)  # light: far from saturating the instance
     try:
@@ -392,7 +394,7 @@ def test_a_tight_query_overlapping_a_warm_containers_run_loads_on_a_worker_inste
         wide_tier,
         extra_workers=lambda: [wide_tier.state()],
     )
-    wide_tier.invoke(payload(on_lambda, sample_inputs(1)), INVOKE_TIMEOUT_S)  # one warm container
+    wide_tier.invoke(invocation_of(on_lambda, sample_inputs(1)), INVOKE_TIMEOUT_S)  # one warm container
     assert wide_tier.cold_starts == 1
     expected_cold_ms = wide_tier.tier_state().cold_start_ms
     budget_ms = 100.0

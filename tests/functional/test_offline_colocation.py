@@ -1,4 +1,4 @@
-"""Offline work never hurts online queries (DESIGN §6, INFaaS §6.3.2), on real processes: a real
+"""Offline work never hurts online queries (docs/ARCHITECTURE.md §6, INFaaS §6.3.2), on real processes: a real
 worker process, an offline job run by the embedded stack's child-process runner (its settings
 are the deployment's defaults: the throttle pauses above 40 % online utilisation or 2x the
 profiled online latency), Redis, and moto's S3.
@@ -47,15 +47,15 @@ import onnxruntime as ort
 
 from modelless.config import Settings
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.monitoring import INTERFERED_SLACK_MS
+from modelless.offline.child_processes import ChildProcessRunner
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec
 from modelless.offline.runner import RunOutcome, RunReport
-from modelless.offline.service import ChildProcessRunner
 from modelless.offline.throttle import ThrottleConfig
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import invocation_payload
+from modelless.serving.invocation import Invocation
+from modelless.serving.monitoring import INTERFERED_SLACK_MS
 from modelless.types import JobStatus, VariantProfile
 from tests.functional.offline_fixtures import Buckets, offline_service, redis_url
 from tests.functional.workers_kit import (
@@ -140,12 +140,12 @@ class PacedLoad:
             self.threads.append(thread)
 
     def _loop(self, index: int) -> None:
-        payload = invocation_payload(self.variant, sample_inputs(1), f"paced-{index}")
+        invocation = Invocation(self.variant, sample_inputs(1), f"paced-{index}")
         next_at = time.monotonic() + index / (2 * self.qps)
         while not self.stop.is_set():
             started = time.perf_counter()
             try:
-                self.invoker.invoke(self.address, payload, 30.0)
+                self.invoker.invoke(self.address, invocation, 30.0)
                 self.samples.append((time.time(), (time.perf_counter() - started) * 1000))
             except Exception as error:
                 self.failures.append((time.time(), f"{type(error).__name__}: {error}"))
@@ -186,9 +186,9 @@ class SaturatingLoad:
             self.threads.append(thread)
 
     def _loop(self) -> None:
-        payload = invocation_payload(self.variant, sample_inputs(1), "saturating-load")
+        invocation = Invocation(self.variant, sample_inputs(1), "saturating-load")
         while not self.stop.is_set():
-            self.invoker.invoke(self.address, payload, 30.0)
+            self.invoker.invoke(self.address, invocation, 30.0)
             self.sent += 1
 
     def close(self) -> None:
@@ -231,7 +231,7 @@ def test_an_offline_job_yields_to_online_load_and_completes_with_online_p99_with
     runner: threading.Thread | None = None
     try:
         # The worker loads the variant at its first query (a cold start, not measured).
-        invoker.invoke(worker.address, invocation_payload(variant, sample_inputs(1), "load"), 120.0)
+        invoker.invoke(worker.address, Invocation(variant, sample_inputs(1), "load"), 120.0)
         paced.start()
         time.sleep(2.0)  # warm-up: connections, caches, the worker's first reports
         baseline_from = time.time()

@@ -27,10 +27,11 @@ import pytest
 
 from modelless.exceptions import ModellessError, S3AccessDeniedError
 from modelless.metadata.redis import RedisMetadataStore
+from modelless.offline.child_processes import ChildProcessRunner
 from modelless.offline.jobs import RESULT_SUFFIX, JobSpec, output_key, summary_key
 from modelless.offline.objects import S3ObjectStore
 from modelless.offline.runner import RunOutcome
-from modelless.offline.service import ChildProcessRunner, OfflineService
+from modelless.offline.service import OfflineService
 from modelless.types import JobStatus, VariantProfile
 from tests.functional.offline_fixtures import (
     Buckets,

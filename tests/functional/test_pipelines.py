@@ -14,15 +14,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import ConflictError, InvalidInputError, NotFoundError
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pipelines.autopilot import AutopilotConfig, PipelineAutopilot
+from modelless.pipelines.factory import pipeline_store_for
 from modelless.pipelines.redis import RedisPipelineStore
 from modelless.pipelines.service import PipelineService
 from modelless.pipelines.spec import PipelineSpec
-from modelless.pipelines.store import BranchCount, pipeline_store_for
-from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.pipelines.store import BranchCount
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalPoolProvider, LocalWorkerPool
 from modelless.repository.local import LocalModelRepository

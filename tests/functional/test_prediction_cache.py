@@ -20,13 +20,13 @@ from modelless.cache.base import PredictionCache, entry_size
 from modelless.cache.memory import InMemoryPredictionCache
 from modelless.cache.predictions import CachedPredictions
 from modelless.cache.redis import RedisPredictionCache
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import LIVE_STATE_TTL_S, Dispatcher
 from modelless.exceptions import ServiceUnavailableError, StoreUnavailableError
 from modelless.metadata.redis import RedisMetadataStore
+from modelless.offline.child_processes import ChildProcessRunner
 from modelless.offline.jobs import JobSpec, output_key
 from modelless.offline.runner import RunOutcome
-from modelless.offline.service import ChildProcessRunner
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.local import LocalWorkerPool
 from modelless.selection import InfaasPolicy

@@ -28,15 +28,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-import modelless.variant_profiling as profiling_module
+import modelless.registration.profiling as profiling_module
+from modelless.catalog import DEFAULT_POOLS, LAMBDA_PRICE_PER_GB_SECOND
 from modelless.config import Settings
 from modelless.exceptions import ConflictError, InvalidInputError
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS, LAMBDA_PRICE_PER_GB_SECOND
-from modelless.registration import RegistrationService
+from modelless.registration.profiling import model_prefix
+from modelless.registration.service import RegistrationService
 from modelless.repository.local import LocalModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
-from modelless.variant_profiling import model_prefix
 from tests.conftest import service_url
 from tests.models import hidden_model, linear_model, valset_npz
 from variants.pruning import Pruning, dominates, prune_variants
@@ -72,7 +72,7 @@ def register(
     service: RegistrationService, app: str, name: str, model: bytes, valset: bytes, **options: Any
 ) -> Registration:
     """``service.register`` from bytes: the files written where an upload would be."""
-    from modelless.ingest import RegistrationSource
+    from modelless.registration.ingest import RegistrationSource
 
     with tempfile.TemporaryDirectory(prefix="reg-test-") as tmp:
         model_path, valset_path = Path(tmp) / "model.onnx", Path(tmp) / "valset.npz"
@@ -663,8 +663,8 @@ def test_the_model_answers_queries_while_its_other_variants_are_profiled(
     """The registered precision is published first; a query naming the model is answered (by a
     real Lambda-tier container loading the published artifact) while the registration holds
     profiling the others: here, until the test lets its third timing pass start."""
+    from modelless.catalog import DEFAULT_POOLS
     from modelless.dispatch import Dispatcher
-    from modelless.pools.catalog import DEFAULT_POOLS
     from modelless.pools.invokers import HttpWorkerInvoker
     from modelless.selection import InfaasPolicy
     from modelless.types import QueryTargets

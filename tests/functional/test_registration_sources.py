@@ -30,13 +30,13 @@ from onnx import TensorProto, helper, numpy_helper
 from infra.local.ports import free_port
 from modelless.api import create_app
 from modelless.api.services import build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.client import Client
 from modelless.config import Settings
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
-from modelless.ingest import RegistrationSource, S3Uri
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.registration import RegistrationJob, RegistrationService
+from modelless.registration.ingest import RegistrationSource, S3Uri
+from modelless.registration.service import RegistrationJob, RegistrationService
 from modelless.repository.local import LocalModelRepository
 from modelless.types import RegistrationStatus, TensorSpec
 from tests.models import linear_model, valset_npz
@@ -454,7 +454,7 @@ def test_a_model_the_gateway_could_not_run_fails_fast_in_the_registrar(
 ) -> None:
     from tests.unit.test_ingest import baked_batch_of_one, save
 
-    monkeypatch.setattr("modelless.ingest.onnxruntime_available", lambda: False)
+    monkeypatch.setattr("modelless.registration.ingest.onnxruntime_available", lambda: False)
     store = InMemoryMetadataStore()
     repository = LocalModelRepository(tmp_path / "repo")
     jobs: list[RegistrationJob] = []

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from modelless.catalog import CPU_POOL
 from modelless.metadata.base import MetadataStore
 from modelless.metadata.redis import RedisMetadataStore
 from modelless.pools.aws import PLAN_TAG
-from modelless.pools.catalog import CPU_POOL
 from modelless.query_load import QueryGroup
 from modelless.scaling.ticks import ScheduledTicks
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile

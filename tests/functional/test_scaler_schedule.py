@@ -20,8 +20,8 @@ import boto3
 import pytest
 
 from infra.build.lambda_artifacts import load_template
+from modelless.catalog import LAMBDA_POOL, Placement, lambda_threads
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import LAMBDA_POOL, Placement, lambda_threads
 from modelless.query_load import QueryGroup
 from modelless.scaling.ticks import SCHEDULE_S, ScheduledTicks
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile

@@ -7,27 +7,26 @@ from __future__ import annotations
 import dataclasses
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
+from modelless.inputs.tensors import batch_dtype, from_feeds
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import outputs_of
 from modelless.selection import InfaasPolicy
-from modelless.tensors import batch_dtype, from_feeds
+from modelless.serving.invocation import Reply
 from modelless.types import QueryTargets, Registration, RegistrationStatus, Tier, VariantProfile
 from tests.functional.workers_kit import (
     APP,
     INVOKE_TIMEOUT_S,
     Setup,
+    invocation_of,
     make_variant,
-    payload,
     start_worker,
 )
 from tests.input_models import TOKEN_SPECS, token_inputs, token_logits, token_model, token_record
@@ -50,8 +49,8 @@ def structured(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return from_feeds({"ids": ids, "mask": mask}, TOKEN_SPECS)
 
 
-def assert_token_logits(body: dict[str, Any], ids: np.ndarray, mask: np.ndarray) -> None:
-    np.testing.assert_allclose(outputs_of(body), token_logits(ids, mask), rtol=1e-5)
+def assert_token_logits(reply: Reply, ids: np.ndarray, mask: np.ndarray) -> None:
+    np.testing.assert_allclose(reply.outputs, token_logits(ids, mask), rtol=1e-5)
 
 
 CALLERS = 16
@@ -63,8 +62,10 @@ def test_concurrent_structured_int64_batches_share_batches_on_a_worker_process(
 ) -> None:
     worker = start_worker(pool, redis_store)
     variant = tokens_variant(setup, "cpu")
-    invoker.invoke(worker.address, payload(variant, structured(*token_inputs(1))), INVOKE_TIMEOUT_S)  # load
-    replies: list[tuple[np.ndarray, np.ndarray, dict[str, Any]]] = []
+    invoker.invoke(
+        worker.address, invocation_of(variant, structured(*token_inputs(1))), INVOKE_TIMEOUT_S
+    )  # load
+    replies: list[tuple[np.ndarray, np.ndarray, Reply]] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
     barrier = threading.Barrier(CALLERS)
@@ -74,11 +75,11 @@ def test_concurrent_structured_int64_batches_share_batches_on_a_worker_process(
             barrier.wait(INVOKE_TIMEOUT_S)
             for call in range(CALLS_PER_CALLER):
                 ids, mask = token_inputs(1 + (index + call) % 3, seed=index * 100 + call)
-                body = invoker.invoke(
-                    worker.address, payload(variant, structured(ids, mask)), INVOKE_TIMEOUT_S
+                reply = invoker.invoke(
+                    worker.address, invocation_of(variant, structured(ids, mask)), INVOKE_TIMEOUT_S
                 )
                 with lock:
-                    replies.append((ids, mask, body))
+                    replies.append((ids, mask, reply))
         except BaseException as error:  # reported by the test thread below
             errors.append(error)
 
@@ -93,10 +94,10 @@ def test_concurrent_structured_int64_batches_share_batches_on_a_worker_process(
     assert errors == []
 
     assert len(replies) == CALLERS * CALLS_PER_CALLER
-    for ids, mask, body in replies:
-        assert_token_logits(body, ids, mask)
-        assert body["batch"] >= len(ids)
-    assert any(body["batch"] > len(ids) for ids, _, body in replies), "no request shared a batch"
+    for ids, mask, reply in replies:
+        assert_token_logits(reply, ids, mask)
+        assert reply.batch >= len(ids)
+    assert any(reply.batch > len(ids) for ids, _, reply in replies), "no request shared a batch"
 
 
 def test_structured_int64_batch_runs_on_the_local_lambda_tier(setup: Setup, tier: LocalLambdaTier) -> None:
@@ -105,11 +106,11 @@ def test_structured_int64_batch_runs_on_the_local_lambda_tier(setup: Setup, tier
     batch = structured(ids, mask)
     assert batch.dtype == batch_dtype(TOKEN_SPECS)
 
-    body = tier.invoke(payload(variant, batch), INVOKE_TIMEOUT_S)
+    reply = tier.invoke(invocation_of(variant, batch), INVOKE_TIMEOUT_S)
 
-    assert body["cold_start"] is True
-    assert body["batch"] == 3
-    assert_token_logits(body, ids, mask)
+    assert reply.cold_start is True
+    assert reply.batch == 3
+    assert_token_logits(reply, ids, mask)
 
 
 def test_dispatcher_serves_a_two_input_model_on_a_worker(

@@ -22,15 +22,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from modelless.catalog import CPU_POOL
 from modelless.exceptions import ModellessError
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.monitoring import WINDOW_S
-from modelless.pools.catalog import CPU_POOL
-from modelless.pools.invokers import HttpWorkerInvoker
+from modelless.pools.invokers import HttpWorkerInvoker, raise_for_worker_error
 from modelless.pools.local import LocalWorkerPool
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import npy_bytes, outputs_of
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.monitoring import WINDOW_S
+from modelless.serving.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames
 from modelless.types import VariantProfile, WorkerState
 from tests.functional.workers_kit import report_url_of, worker_pool
 from tests.models import digits, linear_model, wide_model
@@ -72,16 +73,20 @@ LINEAR = make_variant("linear", LINEAR_KEY, {1: 2.0, 2: 2.0, 4: 2.0, 8: 2.5, 16:
 WIDE = make_variant("wide", WIDE_KEY, {1: 5.0, 2: 5.0, 4: 5.5, 8: 7.0, 16: 9.0, 32: 15.0})
 
 
-def payload(variant: VariantProfile, inputs: np.ndarray, deadline_ms: Any = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "variant_id": variant.variant_id,
-        "variant": variant.to_json(),
-        "inputs_npy": npy_bytes(inputs),
-        "correlation_id": "batching-test",
-    }
-    if deadline_ms is not None:
-        body["deadline_ms"] = deadline_ms
-    return body
+def invocation(variant: VariantProfile, inputs: np.ndarray, deadline_ms: float | None = None) -> Invocation:
+    return Invocation(variant, inputs, "batching-test", deadline_ms)
+
+
+def post_frames(address: str, message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` posted to the worker as it is, however malformed (the invoker sends only
+    what an ``Invocation`` encodes); its reply's message, or the domain error it answered."""
+    response = httpx.post(
+        f"{address}/invoke",
+        content=encode_frames(message),
+        headers={"Content-Type": FRAMES_MEDIA_TYPE},
+        timeout=INVOKE_TIMEOUT_S,
+    )
+    return raise_for_worker_error(response.status_code, decode_frames(response.content))
 
 
 class Direct:
@@ -157,9 +162,9 @@ def spawn_worker(setup: Setup, name: str, *extra: str) -> ChildProcess:
 
 
 @dataclass
-class Reply:
+class Answer:
     inputs: np.ndarray
-    body: dict[str, Any]
+    reply: Reply
 
 
 def hammer(
@@ -169,11 +174,11 @@ def hammer(
     threads: int = THREADS,
     calls: int = CALLS_PER_THREAD,
     deadline_ms: float | None = 200.0,
-) -> list[Reply]:
+) -> list[Answer]:
     """``threads`` callers at once, each sending ``calls`` invocations of its own digits (1 to 3
     rows each); every reply with the inputs it answers."""
     inputs, _ = digits()
-    replies: list[Reply] = []
+    replies: list[Answer] = []
     errors: list[BaseException] = []
     lock = threading.Lock()
     barrier = threading.Barrier(threads)
@@ -184,9 +189,9 @@ def hammer(
             for call in range(calls):
                 start = (index * calls + call) * 3 % (len(inputs) - 3)
                 mine = np.ascontiguousarray(inputs[start : start + 1 + (index + call) % 3])
-                body = invoker.invoke(address, payload(variant, mine, deadline_ms), INVOKE_TIMEOUT_S)
+                reply = invoker.invoke(address, invocation(variant, mine, deadline_ms), INVOKE_TIMEOUT_S)
                 with lock:
-                    replies.append(Reply(mine, body))
+                    replies.append(Answer(mine, reply))
         except BaseException as error:  # re-raised in the test thread below
             errors.append(error)
 
@@ -204,19 +209,19 @@ def test_concurrent_callers_share_batches_and_each_gets_its_own_logits(
     pool: LocalWorkerPool, invoker: HttpWorkerInvoker
 ) -> None:
     address = start_worker(pool)
-    warm = invoker.invoke(address, payload(LINEAR, digits()[0][:1]), INVOKE_TIMEOUT_S)
-    assert warm["load_ms"] > 0
+    warm = invoker.invoke(address, invocation(LINEAR, digits()[0][:1]), INVOKE_TIMEOUT_S)
+    assert warm.load_ms > 0
 
     replies = hammer(invoker, address, LINEAR)
 
     assert len(replies) == THREADS * CALLS_PER_THREAD
     direct = Direct(linear_model())
-    for reply in replies:
-        np.testing.assert_allclose(outputs_of(reply.body), direct.logits(reply.inputs), rtol=1e-5, atol=1e-5)
-        assert reply.body["batch"] >= len(reply.inputs)  # the batch held at least its own rows
-        assert reply.body["load_ms"] == 0
-        assert reply.body["queue_ms"] >= 0 and reply.body["inference_ms"] > 0
-    shared = [r for r in replies if r.body["batch"] > len(r.inputs)]
+    for answer in replies:
+        np.testing.assert_allclose(answer.reply.outputs, direct.logits(answer.inputs), rtol=1e-5, atol=1e-5)
+        assert answer.reply.batch >= len(answer.inputs)  # the batch held at least its own rows
+        assert answer.reply.load_ms == 0
+        assert answer.reply.queue_ms >= 0 and answer.reply.inference_ms > 0
+    shared = [a for a in replies if a.reply.batch > len(a.inputs)]
     assert shared, "no reply shared a batch with another caller under 16 concurrent callers"
     batching = stats(address)["batching"][LINEAR.variant_id]
     assert batching["largest_batch"] > 3
@@ -226,7 +231,7 @@ def test_concurrent_callers_share_batches_and_each_gets_its_own_logits(
 
 def test_the_batch_limit_grows_under_load(pool: LocalWorkerPool, invoker: HttpWorkerInvoker) -> None:
     address = start_worker(pool)
-    invoker.invoke(address, payload(WIDE, digits()[0][:1]), INVOKE_TIMEOUT_S)
+    invoker.invoke(address, invocation(WIDE, digits()[0][:1]), INVOKE_TIMEOUT_S)
     before = stats(address)["batching"][WIDE.variant_id]
     assert before["limit"] <= 2  # AIMD starts at 1; the warm-up's full batch of one may add one
 
@@ -238,7 +243,7 @@ def test_the_batch_limit_grows_under_load(pool: LocalWorkerPool, invoker: HttpWo
     after = body["batching"][WIDE.variant_id]
     assert after["limit"] > before["limit"]
     assert after["limit"] <= after["max_limit"] == WIDE.max_useful_batch
-    assert max(r.body["batch"] for r in replies) > 3
+    assert max(a.reply.batch for a in replies) > 3
     # The monitor counts each batch's run once: one dispatch thread cannot be busy for longer
     # than the calls took (counting the run once per request would have it busy ~batch times that).
     state = WorkerState.from_json(body["state"])
@@ -247,23 +252,42 @@ def test_the_batch_limit_grows_under_load(pool: LocalWorkerPool, invoker: HttpWo
     busy_ms = state.utilisation * WINDOW_S * 1000 * (state.free_slots + len(state.instances))
     assert busy_ms <= elapsed_ms + 100, (busy_ms, elapsed_ms)
     direct = Direct(wide_model())
-    for reply in replies:
-        np.testing.assert_allclose(outputs_of(reply.body), direct.logits(reply.inputs), rtol=1e-4, atol=1e-4)
+    for answer in replies:
+        np.testing.assert_allclose(answer.reply.outputs, direct.logits(answer.inputs), rtol=1e-4, atol=1e-4)
 
 
 def test_deadline_ms_is_read_and_a_bad_one_refused(pool: LocalWorkerPool, invoker: HttpWorkerInvoker) -> None:
     address = start_worker(pool)
     inputs = np.ascontiguousarray(digits()[0][:2])
 
-    late = invoker.invoke(address, payload(LINEAR, inputs, deadline_ms=0), INVOKE_TIMEOUT_S)
+    late = invoker.invoke(address, invocation(LINEAR, inputs, deadline_ms=0), INVOKE_TIMEOUT_S)
     np.testing.assert_allclose(
-        outputs_of(late), Direct(linear_model()).logits(inputs), rtol=1e-5, atol=1e-5
+        late.outputs, Direct(linear_model()).logits(inputs), rtol=1e-5, atol=1e-5
     )  # no budget left: answered at once, late, never failed for it
+    sent = invocation(LINEAR, inputs).to_message()
+    assert Reply.from_message(post_frames(address, {**sent, "deadline_ms": 0})).batch == 2  # as sent
     for bad in ("soon", True, [5]):
         with pytest.raises(ModellessError) as raised:
-            invoker.invoke(address, payload(LINEAR, inputs, deadline_ms=bad), INVOKE_TIMEOUT_S)
+            post_frames(address, {**sent, "deadline_ms": bad})
         assert raised.value.code == "invalid_input"
         assert raised.value.status_code == 400
+
+
+def test_an_invocation_of_another_protocol_version_is_refused_with_a_502(
+    pool: LocalWorkerPool, invoker: HttpWorkerInvoker
+) -> None:
+    """A gateway of another release (or of one from before versions): refused for its version,
+    before any field is read, and the worker serves the next invocation as ever."""
+    address = start_worker(pool)
+    inputs = np.ascontiguousarray(digits()[0][:2])
+    unversioned = {k: v for k, v in invocation(LINEAR, inputs).to_message().items() if k != "version"}
+    for message in (unversioned, {**unversioned, "version": 0}, {**unversioned, "version": 2}):
+        with pytest.raises(ModellessError) as mismatched:
+            post_frames(address, message)
+        assert mismatched.value.code == "protocol_mismatch"
+        assert mismatched.value.status_code == 502
+    served = invoker.invoke(address, invocation(LINEAR, inputs), INVOKE_TIMEOUT_S)
+    np.testing.assert_allclose(served.outputs, Direct(linear_model()).logits(inputs), rtol=1e-5, atol=1e-5)
 
 
 def test_no_batching_runs_each_invocation_on_its_own(
@@ -275,9 +299,9 @@ def test_no_batching_runs_each_invocation_on_its_own(
     replies = hammer(invoker, child.address, LINEAR, threads=8, calls=5)
 
     direct = Direct(linear_model())
-    for reply in replies:
-        assert reply.body["batch"] == len(reply.inputs)
-        np.testing.assert_allclose(outputs_of(reply.body), direct.logits(reply.inputs), rtol=1e-5, atol=1e-5)
+    for answer in replies:
+        assert answer.reply.batch == len(answer.inputs)
+        np.testing.assert_allclose(answer.reply.outputs, direct.logits(answer.inputs), rtol=1e-5, atol=1e-5)
     assert stats(child.address)["batching"] == {}
 
 
@@ -304,8 +328,8 @@ def measure(
     """Closed loop: ``threads`` callers send one-row queries with ``budget_ms`` as their deadline
     for ``duration_s``; latency is what the caller saw."""
     inputs = np.ascontiguousarray(digits()[0][:1])
-    body = payload(variant, inputs, deadline_ms=budget_ms)
-    invoker.invoke(address, body, INVOKE_TIMEOUT_S)  # loaded and warm before the clock starts
+    query = invocation(variant, inputs, deadline_ms=budget_ms)
+    invoker.invoke(address, query, INVOKE_TIMEOUT_S)  # loaded and warm before the clock starts
     latencies: list[float] = []
     batches: list[int] = []
     lock = threading.Lock()
@@ -314,11 +338,11 @@ def measure(
     def caller() -> None:
         while time.monotonic() < stop_at:
             started = time.perf_counter()
-            reply = invoker.invoke(address, body, INVOKE_TIMEOUT_S)
+            reply = invoker.invoke(address, query, INVOKE_TIMEOUT_S)
             elapsed_ms = (time.perf_counter() - started) * 1000
             with lock:
                 latencies.append(elapsed_ms)
-                batches.append(int(reply["batch"]))
+                batches.append(reply.batch)
 
     callers = [threading.Thread(target=caller, daemon=True) for _ in range(threads)]
     for thread in callers:

@@ -17,16 +17,16 @@ import httpx
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.query_load import QueryGroup
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import outputs_of
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Invocation
 from modelless.tuning.base import ParallelConfig
 from modelless.tuning.capacity import clamped_scale
 from modelless.types import QueryTargets
@@ -37,7 +37,6 @@ from tests.functional.workers_kit import (
     Load,
     expected_logits,
     make_variant,
-    payload,
     publish_linear_model,
     report_url_of,
     reported,
@@ -96,8 +95,9 @@ def correct_caller(invoker: HttpWorkerInvoker, address: str, rows: int = 2) -> A
     wanted = expected_logits(inputs)
 
     def call() -> bool:
-        body = invoker.invoke(address, {**payload(VARIANT, inputs), "deadline_ms": 200.0}, INVOKE_TIMEOUT_S)
-        np.testing.assert_allclose(outputs_of(body), wanted, rtol=1e-5, atol=1e-5)
+        invocation = Invocation(VARIANT, inputs, "functional-test", deadline_ms=200.0)
+        reply = invoker.invoke(address, invocation, INVOKE_TIMEOUT_S)
+        np.testing.assert_allclose(reply.outputs, wanted, rtol=1e-5, atol=1e-5)
         return True
 
     return call

@@ -23,6 +23,7 @@ import modelless.metadata.redis as redis_backend
 import modelless.pools.lambda_local as lambda_local
 import modelless.worker.server as worker_server
 from infra.local.ports import free_port
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import DEADLINE_GRACE_S, Dispatcher, QueryResult
 from modelless.exceptions import (
     ModellessError,
@@ -31,13 +32,12 @@ from modelless.exceptions import (
     WorkerUnreachableError,
 )
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import HttpWorkerInvoker
 from modelless.pools.lambda_local import LAMBDA_TIER_ID, LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
 from modelless.pools.processes import ChildProcess, spawn
-from modelless.runtime import outputs_of
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Reply
 from modelless.types import (
     InstanceState,
     QueryTargets,
@@ -54,12 +54,13 @@ from tests.functional.workers_kit import (
     Setup,
     expected_logits,
     gate_worker_runs,
+    invocation_of,
     make_variant,
-    payload,
     publish_linear_model,
     reported,
     reported_after,
     sample_inputs,
+    served,
     start_worker,
 )
 from tests.waiting import scaled, wait_for
@@ -102,15 +103,15 @@ def test_worker_invocation_returns_correct_logits_and_reports_an_active_instance
     variant = make_variant()
     inputs = sample_inputs(4)
 
-    first = invoker.invoke(idle.address, payload(variant, inputs), INVOKE_TIMEOUT_S)
-    second = invoker.invoke(idle.address, payload(variant, inputs[:1]), INVOKE_TIMEOUT_S)
+    first = invoker.invoke(idle.address, invocation_of(variant, inputs), INVOKE_TIMEOUT_S)
+    second = invoker.invoke(idle.address, invocation_of(variant, inputs[:1]), INVOKE_TIMEOUT_S)
 
-    np.testing.assert_allclose(outputs_of(first), expected_logits(inputs), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(outputs_of(second), expected_logits(inputs[:1]), rtol=1e-5, atol=1e-5)
-    assert first["batch"] == 4 and second["batch"] == 1
-    assert first["load_ms"] > 0  # the first invocation loaded the variant...
-    assert second["load_ms"] == 0  # ...the second found it loaded
-    assert first["inference_ms"] > 0
+    np.testing.assert_allclose(first.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(second.outputs, expected_logits(inputs[:1]), rtol=1e-5, atol=1e-5)
+    assert first.batch == 4 and second.batch == 1
+    assert first.load_ms > 0  # the first invocation loaded the variant...
+    assert second.load_ms == 0  # ...the second found it loaded
+    assert first.inference_ms > 0
 
     def active_report() -> WorkerState | None:
         state = reported(redis_store, idle.worker_id)
@@ -136,12 +137,12 @@ def test_worker_answers_a_missing_artifact_with_not_found_and_keeps_serving(
     missing = make_variant(artifact_key=f"apps/{APP}/{MODEL}/variants/missing.onnx", suffix="-missing")
 
     with pytest.raises(ModellessError) as raised:
-        invoker.invoke(state.address, payload(missing, sample_inputs(1)), INVOKE_TIMEOUT_S)
+        invoker.invoke(state.address, invocation_of(missing, sample_inputs(1)), INVOKE_TIMEOUT_S)
     assert raised.value.code == "not_found"
     assert raised.value.status_code == 404
 
-    body = invoker.invoke(state.address, payload(make_variant(), sample_inputs(2)), INVOKE_TIMEOUT_S)
-    np.testing.assert_allclose(outputs_of(body), expected_logits(sample_inputs(2)), rtol=1e-5, atol=1e-5)
+    reply = invoker.invoke(state.address, invocation_of(make_variant(), sample_inputs(2)), INVOKE_TIMEOUT_S)
+    np.testing.assert_allclose(reply.outputs, expected_logits(sample_inputs(2)), rtol=1e-5, atol=1e-5)
 
 
 def test_failed_load_is_not_reported_as_a_loaded_instance(
@@ -150,7 +151,7 @@ def test_failed_load_is_not_reported_as_a_loaded_instance(
     state = start_worker(pool, redis_store)
     missing = make_variant(artifact_key=f"apps/{APP}/{MODEL}/variants/missing.onnx", suffix="-missing")
     with pytest.raises(ModellessError):
-        invoker.invoke(state.address, payload(missing, sample_inputs(1)), INVOKE_TIMEOUT_S)
+        invoker.invoke(state.address, invocation_of(missing, sample_inputs(1)), INVOKE_TIMEOUT_S)
     before = reported(redis_store, state.worker_id)
     assert before is not None
 
@@ -173,13 +174,13 @@ def test_killed_worker_is_unreachable_and_its_state_goes_stale(
     # A shorter staleness window than production's, so the test need not wait 10 s.
     monkeypatch.setattr(redis_backend, "WORKER_STALE_AFTER_S", 1.5)
     state = start_worker(pool, redis_store)
-    invoker.invoke(state.address, payload(make_variant(), sample_inputs(1)), INVOKE_TIMEOUT_S)
+    invoker.invoke(state.address, invocation_of(make_variant(), sample_inputs(1)), INVOKE_TIMEOUT_S)
 
     pool.kill(state.worker_id)
 
     assert state.worker_id not in pool.workers()
     with pytest.raises(WorkerUnreachableError):
-        invoker.invoke(state.address, payload(make_variant(), sample_inputs(1)), 5.0)
+        invoker.invoke(state.address, invocation_of(make_variant(), sample_inputs(1)), 5.0)
     wait_for(lambda: reported(redis_store, state.worker_id) is None, 5.0, "the dead worker to go stale")
     assert redis_store.list_workers("cpu") == []
 
@@ -260,7 +261,7 @@ def start_two_workers_running(
     pool.scale_to(2)
     children = pool.workers()
     for child in children.values():
-        invoker.invoke(child.address, payload(variant, sample_inputs(1)), INVOKE_TIMEOUT_S)
+        invoker.invoke(child.address, invocation_of(variant, sample_inputs(1)), INVOKE_TIMEOUT_S)
 
     def running(worker_id: str) -> Callable[[], bool]:
         def probe() -> bool:
@@ -339,17 +340,17 @@ def test_lambda_tier_cold_start_then_warm(tier: LocalLambdaTier) -> None:
     variant = make_variant(pool="lambda-cpu")
     inputs = sample_inputs(2)
 
-    cold = tier.invoke(payload(variant, inputs), INVOKE_TIMEOUT_S)
-    warm = tier.invoke(payload(variant, inputs), INVOKE_TIMEOUT_S)
+    cold = tier.invoke(invocation_of(variant, inputs), INVOKE_TIMEOUT_S)
+    warm = tier.invoke(invocation_of(variant, inputs), INVOKE_TIMEOUT_S)
 
-    assert cold["cold_start"] is True
-    assert cold["init_ms"] > 0
-    assert cold["load_ms"] > 0
-    assert warm["cold_start"] is False
-    assert warm["init_ms"] == 0
-    assert warm["load_ms"] == 0  # the container kept the loaded session
-    for body in (cold, warm):
-        np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
+    assert cold.cold_start is True
+    assert cold.init_ms > 0
+    assert cold.load_ms > 0
+    assert warm.cold_start is False
+    assert warm.init_ms == 0
+    assert warm.load_ms == 0  # the container kept the loaded session
+    for reply in (cold, warm):
+        np.testing.assert_allclose(reply.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
     assert tier.size == 1
     assert tier.cold_starts == 1
 
@@ -357,14 +358,14 @@ def test_lambda_tier_cold_start_then_warm(tier: LocalLambdaTier) -> None:
 def test_lambda_tier_honours_its_concurrency_limit(single_tier: LocalLambdaTier) -> None:
     variant = make_variant(pool="lambda-cpu")
     inputs = [sample_inputs(1), sample_inputs(3)]
-    results: list[dict[str, Any] | None] = [None, None]
+    results: list[Reply | None] = [None, None]
     errors: list[BaseException] = []
     barrier = threading.Barrier(2)
 
     def call(index: int) -> None:
         try:
             barrier.wait(scaled(5))
-            results[index] = single_tier.invoke(payload(variant, inputs[index]), INVOKE_TIMEOUT_S)
+            results[index] = single_tier.invoke(invocation_of(variant, inputs[index]), INVOKE_TIMEOUT_S)
         except BaseException as error:  # re-raised in the test thread below
             errors.append(error)
 
@@ -377,10 +378,10 @@ def test_lambda_tier_honours_its_concurrency_limit(single_tier: LocalLambdaTier)
     assert not any(t.is_alive() for t in threads), "an invocation hung"
     assert errors == []
     assert all(r is not None for r in results)
-    assert sorted(bool(r["cold_start"]) for r in results if r is not None) == [False, True]
-    for body, batch in zip(results, inputs, strict=True):
-        assert body is not None
-        np.testing.assert_allclose(outputs_of(body), expected_logits(batch), rtol=1e-5, atol=1e-5)
+    assert sorted(r.cold_start for r in results if r is not None) == [False, True]
+    for reply, batch in zip(results, inputs, strict=True):
+        assert reply is not None
+        np.testing.assert_allclose(reply.outputs, expected_logits(batch), rtol=1e-5, atol=1e-5)
     assert single_tier.size == 1
     assert single_tier.cold_starts == 1
 
@@ -407,10 +408,10 @@ def test_lambda_tier_concurrency_limit_holds_while_a_container_is_being_register
 
     monkeypatch.setattr(lambda_local, "_Container", slow_container)
     variant = make_variant(pool="lambda-cpu")
-    results: list[dict[str, Any]] = []
+    results: list[Reply] = []
 
     def call() -> None:
-        results.append(single_tier.invoke(payload(variant, sample_inputs(1)), INVOKE_TIMEOUT_S))
+        results.append(single_tier.invoke(invocation_of(variant, sample_inputs(1)), INVOKE_TIMEOUT_S))
 
     first = threading.Thread(target=call, daemon=True)
     first.start()
@@ -434,7 +435,7 @@ def test_lambda_tier_state_reports_warm_variants(tier: LocalLambdaTier) -> None:
     assert empty.utilisation == 0.0
     variant = make_variant(pool="lambda-cpu")
 
-    tier.invoke(payload(variant, sample_inputs(1)), INVOKE_TIMEOUT_S)
+    tier.invoke(invocation_of(variant, sample_inputs(1)), INVOKE_TIMEOUT_S)
     warm = tier.state()
 
     assert [i.variant_id for i in warm.instances] == [variant.variant_id]
@@ -448,13 +449,13 @@ def test_lambda_tier_maps_a_missing_artifact_to_not_found(tier: LocalLambdaTier)
     missing = make_variant(pool="lambda-cpu", artifact_key="apps/nope/missing.onnx", suffix="-missing")
 
     with pytest.raises(ModellessError) as raised:
-        tier.invoke(payload(missing, sample_inputs(1)), INVOKE_TIMEOUT_S)
+        tier.invoke(invocation_of(missing, sample_inputs(1)), INVOKE_TIMEOUT_S)
 
     assert raised.value.code == "not_found"
     assert raised.value.status_code == 404
     # The container survives a refused invocation and serves the next one warm.
-    body = tier.invoke(payload(make_variant(pool="lambda-cpu"), sample_inputs(1)), INVOKE_TIMEOUT_S)
-    assert body["cold_start"] is False
+    reply = tier.invoke(invocation_of(make_variant(pool="lambda-cpu"), sample_inputs(1)), INVOKE_TIMEOUT_S)
+    assert reply.cold_start is False
     assert tier.size == 1
 
 
@@ -465,12 +466,12 @@ def test_lambda_tier_never_holds_an_invocation_past_its_time_for_a_cold_start(
 
     # A process start (interpreter, onnxruntime) takes far longer than 50 ms.
     with pytest.raises(ServiceUnavailableError, match="still starting"):
-        tier.invoke(payload(variant, sample_inputs(1)), 0.05)
+        tier.invoke(invocation_of(variant, sample_inputs(1)), 0.05)
 
     # The container it started still joins the tier, idle, and serves the next invocation warm.
     wait_for(lambda: tier.size == 1, INVOKE_TIMEOUT_S, "the abandoned cold start to join the tier")
-    body = tier.invoke(payload(variant, sample_inputs(1)), INVOKE_TIMEOUT_S)
-    assert body["cold_start"] is False
+    reply = tier.invoke(invocation_of(variant, sample_inputs(1)), INVOKE_TIMEOUT_S)
+    assert reply.cold_start is False
     assert tier.cold_starts == 1
 
 
@@ -484,8 +485,8 @@ def test_a_request_finishing_after_its_variant_was_unloaded_does_not_bring_it_ba
     entered, release = gate_worker_runs(monkeypatch)
     worker = Worker("race-0", "cpu", 2, setup.repository_url, setup.tmp / "cache")
     variant, inputs = make_variant(), sample_inputs(2)
-    outcome: list[dict[str, Any]] = []
-    request = threading.Thread(target=lambda: outcome.append(worker.invoke(payload(variant, inputs))))
+    outcome: list[Reply] = []
+    request = threading.Thread(target=lambda: outcome.append(served(worker, invocation_of(variant, inputs))))
     request.start()
     assert entered.wait(scaled(INVOKE_TIMEOUT_S)), "the request never ran"
     # Loaded: the instance is shown (and holds a slot) from its load, not from its first answer.
@@ -497,8 +498,8 @@ def test_a_request_finishing_after_its_variant_was_unloaded_does_not_bring_it_ba
     release.set()
     request.join(scaled(INVOKE_TIMEOUT_S))
 
-    [body] = outcome  # the request in flight is still answered...
-    np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
+    [reply] = outcome  # the request in flight is still answered...
+    np.testing.assert_allclose(reply.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
     after = worker.monitor.snapshot(time.time())  # ...without bringing the instance back
     assert after.instances == ()
     assert after.free_slots == 2
@@ -558,8 +559,8 @@ def test_worker_binds_every_interface_on_a_fixed_port_and_reports_the_advertised
         state = wait_for(lambda: reported(redis_store, "ec2-0"), REPORT_WITHIN_S, "the worker's first report")
         assert state.address == f"http://127.0.0.1:{port}"
         inputs = sample_inputs(2)
-        body = invoker.invoke(state.address, payload(make_variant(), inputs), INVOKE_TIMEOUT_S)
-        np.testing.assert_allclose(outputs_of(body), expected_logits(inputs), rtol=1e-5, atol=1e-5)
+        reply = invoker.invoke(state.address, invocation_of(make_variant(), inputs), INVOKE_TIMEOUT_S)
+        np.testing.assert_allclose(reply.outputs, expected_logits(inputs), rtol=1e-5, atol=1e-5)
     finally:
         child.stop()
     assert not child.alive()

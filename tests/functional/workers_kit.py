@@ -15,14 +15,15 @@ import numpy as np
 import onnxruntime as ort
 
 from infra.local.lambda_container import local_lambda_tier
+from modelless.catalog import CPU_POOL
 from modelless.metadata.base import MetadataStore
 from modelless.metadata.redis import RedisMetadataStore
-from modelless.pools.catalog import CPU_POOL
 from modelless.pools.lambda_local import LocalLambdaTier
 from modelless.pools.local import LocalWorkerPool
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import npy_bytes
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile, WorkerState
+from modelless.worker.server import Worker
 from tests.models import digits, linear_model
 from tests.waiting import scaled, wait_for
 
@@ -119,13 +120,14 @@ def expected_logits(inputs: np.ndarray) -> np.ndarray:
     return logits
 
 
-def payload(variant: VariantProfile, inputs: np.ndarray) -> dict[str, Any]:
-    return {
-        "variant_id": variant.variant_id,
-        "variant": variant.to_json(),
-        "inputs_npy": npy_bytes(inputs),
-        "correlation_id": "functional-test",
-    }
+def invocation_of(variant: VariantProfile, inputs: np.ndarray) -> Invocation:
+    return Invocation(variant, inputs, "functional-test")
+
+
+def served(worker: Worker, invocation: Invocation) -> Reply:
+    """``invocation`` through an in-process worker's ``POST /invoke`` route: its message in, the
+    reply's message out, as they cross the wire."""
+    return Reply.from_message(worker.invoke(invocation.to_message()))
 
 
 def reported(store: RedisMetadataStore, worker_id: str) -> WorkerState | None:

@@ -15,12 +15,12 @@ import pytest
 
 import modelless.dispatch.live_view as live_view_module
 import modelless.dispatch.profiles as profiles_module
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import WorkerUnreachableError
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.runtime import npy_bytes
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import (
     InstanceState,
     InstanceStats,
@@ -125,16 +125,9 @@ def queued(variant_id: str, queue_length: int, batch_limit: int = 1) -> Instance
 # --- what the Dispatcher reaches ----------------------------------------------------------------
 
 
-def reply(outputs: np.ndarray, **extra: Any) -> dict[str, Any]:
-    """A compute reply in the runtime's invocation format."""
-    return {
-        "outputs_npy": npy_bytes(outputs),
-        "batch": int(outputs.shape[0]),
-        "queue_ms": 0.25,
-        "inference_ms": 1.5,
-        "load_ms": 0.0,
-        **extra,
-    }
+def reply(outputs: np.ndarray, **extra: Any) -> Reply:
+    """A compute reply, as the runtime gives one."""
+    return Reply(outputs=outputs, batch=int(outputs.shape[0]), queue_ms=0.25, inference_ms=1.5, **extra)
 
 
 class FakeWorkers:
@@ -151,11 +144,11 @@ class FakeWorkers:
         self.error = error
         self.errors = errors or {}  # per worker address
         self.hang = hang or set()  # addresses that never answer: the call waits out its timeout
-        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.calls: list[tuple[str, Invocation]] = []
         self.timeouts: list[float] = []
 
-    def invoke(self, address: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        self.calls.append((address, payload))
+    def invoke(self, address: str, invocation: Invocation, timeout_s: float) -> Reply:
+        self.calls.append((address, invocation))
         self.timeouts.append(timeout_s)
         if address in self.hang:
             # As a socket read timing out (never early): capped here, so that a missing bound
@@ -173,11 +166,11 @@ class FakeLambda:
 
     def __init__(self, outputs: np.ndarray) -> None:
         self.outputs = outputs
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[Invocation] = []
         self.timeouts: list[float] = []
 
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        self.calls.append(payload)
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
+        self.calls.append(invocation)
         self.timeouts.append(timeout_s)
         return reply(self.outputs, cold_start=True, init_ms=7.0)
 
@@ -263,10 +256,10 @@ class BlockingWorkers(FakeWorkers):
         self.release = threading.Event()
         self.entered = threading.Semaphore(0)
 
-    def invoke(self, address: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, address: str, invocation: Invocation, timeout_s: float) -> Reply:
         self.entered.release()
         assert self.release.wait(10), "never released"
-        return super().invoke(address, payload, timeout_s)
+        return super().invoke(address, invocation, timeout_s)
 
 
 def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:

@@ -27,13 +27,13 @@ from fastapi.testclient import TestClient
 from modelless.api import create_app
 from modelless.api.app import GATEWAY_THREADS
 from modelless.api.services import Services, build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.dispatch import attempts
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.pools.reporting import INTERNAL_STATE_PATH
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import VariantRuntime
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.runtime import VariantRuntime
 from modelless.types import (
     InstanceState,
     InstanceStats,
@@ -44,6 +44,7 @@ from modelless.types import (
     WorkerState,
 )
 from modelless.validation import inspect_model
+from modelless.worker.reporting import INTERNAL_STATE_PATH
 from tests.models import classifier_onnx, digits, fit_linear, hidden_model, linear_model, valset_npz
 
 ADMIN_KEY = "admin-secret"
@@ -62,13 +63,12 @@ class InProcessLambda:
         self.runtime = VariantRuntime(repository, cache_dir)
         self.calls: list[str] = []
 
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        self.calls.append(payload["variant_id"])
-        cold = payload["variant_id"] not in self.runtime.loaded_ids
-        body = self.runtime.handle_invocation(payload)
-        body["cold_start"] = cold
-        body["init_ms"] = 0.0
-        return body
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
+        self.calls.append(invocation.variant_id)
+        cold = invocation.variant_id not in self.runtime.loaded_ids
+        # Through the wire's own encoding, as a Lambda event and its reply travel.
+        served = self.runtime.serve(Invocation.from_message(invocation.to_message()))
+        return dataclasses.replace(Reply.from_message(served.to_message()), cold_start=cold)
 
 
 @dataclass

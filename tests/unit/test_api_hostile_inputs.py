@@ -33,14 +33,14 @@ from onnx import TensorProto, helper, numpy_helper
 from modelless import cli
 from modelless.api import create_app
 from modelless.api.services import build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.client import Client, ModellessClientError
 from modelless.config import Settings
-from modelless.ingest import RegistrationSource
+from modelless.inputs.tensors import example_batch
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.registration import RegistrationJob, RegistrationService
+from modelless.registration.ingest import RegistrationSource
+from modelless.registration.service import RegistrationJob, RegistrationService
 from modelless.repository.local import LocalModelRepository
-from modelless.tensors import example_batch
 from modelless.types import InstanceState, InstanceStats, RegistrationStatus, TensorSpec, WorkerState
 from tests.models import linear_model, valset_npz
 from tests.unit.test_api import (
@@ -144,7 +144,8 @@ def test_a_model_that_cannot_run_on_its_validation_set_is_400_and_nothing_is_sto
 def test_where_the_gateway_cannot_run_it_the_registrar_test_runs_it_on_the_validation_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("modelless.ingest.onnxruntime_available", lambda: False)  # the AWS gateway
+    # As the AWS gateway, whose package leaves onnxruntime out.
+    monkeypatch.setattr("modelless.registration.ingest.onnxruntime_available", lambda: False)
     store, repository = InMemoryMetadataStore(), LocalModelRepository(tmp_path / "repo")
     jobs: list[RegistrationJob] = []
     service = RegistrationService(store, repository, Settings(), DEFAULT_POOLS, jobs.append)
@@ -405,7 +406,7 @@ def test_a_validation_set_whose_first_array_declares_the_whole_limit_is_413_befo
 ) -> None:
     """The labels come after inputs that declare exactly the unpacked limit: refused on what
     the headers declare, no array data inflated (it cost ~12 s per 1 MB request before)."""
-    import modelless.archives as archives_module
+    import modelless.inputs.archives as archives_module
 
     inflated: list[tuple[int, ...]] = []
     real = archives_module._read_data

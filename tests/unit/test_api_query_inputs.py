@@ -20,8 +20,8 @@ from modelless import cli
 from modelless.api import create_app
 from modelless.api.services import build_services
 from modelless.client import Client, ModellessClientError
+from modelless.inputs.preprocessing import decode_image, parse_recipe
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.preprocessing import decode_image, parse_recipe
 from modelless.repository.local import LocalModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
 from tests.input_models import (

@@ -29,11 +29,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import modelless.archives as archives_module
+import modelless.inputs.archives as archives_module
 from modelless.api.query_strings import repeated_parameters
-from modelless.archives import open_zip, read_npy, read_npz_members
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
-from modelless.preprocessing import decode_image, parse_recipe
+from modelless.inputs.archives import open_zip, read_npy, read_npz_members
+from modelless.inputs.preprocessing import decode_image, parse_recipe
 from tests.input_models import IMAGE_RECIPE, IMAGE_SPEC, jpeg_bytes, npy_bytes, picture, png_bytes
 from tests.unit.test_api import Api, error_of
 from tests.unit.test_api_query_inputs import APP, api, images_app, post  # noqa: F401  (the fixture)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from modelless.batching import (
+from modelless.exceptions import BatcherClosedError, BatchTimeoutError
+from modelless.serving.batching import (
     AimdController,
     BatchResult,
     BudgetCaps,
@@ -28,7 +29,6 @@ from modelless.batching import (
     max_limit_for,
     profile_estimate,
 )
-from modelless.exceptions import BatcherClosedError, BatchTimeoutError
 from modelless.types import VariantProfile
 from tests.waiting import scaled, wait_for
 

@@ -18,8 +18,8 @@ from modelless.api.services import build_services
 from modelless.client import Client, export_torch_module
 from modelless.config import Settings
 from modelless.exceptions import InvalidModelError
-from modelless.ingest import IngestRequest, Limits, ingest
 from modelless.metadata.memory import InMemoryMetadataStore
+from modelless.registration.ingest import IngestRequest, Limits, ingest
 from modelless.types import TensorSpec
 
 torch: Any = pytest.importorskip("torch")

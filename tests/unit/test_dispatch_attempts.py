@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import numpy as np
 import pytest
 
 import modelless.dispatch.attempts as attempts_module
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import (
     DeadlineExceededError,
@@ -21,9 +21,9 @@ from modelless.exceptions import (
     WorkerUnreachableError,
 )
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import raise_for_worker_error
 from modelless.selection import InfaasPolicy
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import InstanceState, Tier
 from tests.unit.dispatch_kit import (
     LAMBDA_OUT,
@@ -54,10 +54,12 @@ def test_dispatcher_retries_an_unreachable_worker_on_the_lambda_tier() -> None:
     assert len(workers.calls) == 1
     assert len(lambda_tier.calls) == 1
     first, retry = workers.calls[0][1], lambda_tier.calls[0]
-    assert retry["variant"] == first["variant"] and retry["inputs_npy"] == first["inputs_npy"]
-    assert retry["correlation_id"] == first["correlation_id"]
+    assert retry.variant == first.variant
+    assert retry.inputs.dtype == first.inputs.dtype and np.array_equal(retry.inputs, first.inputs)
+    assert retry.correlation_id == first.correlation_id
     # The budget left is measured again for the retry, not carried over from the first try.
-    assert retry["deadline_ms"] < first["deadline_ms"] <= 10
+    assert retry.deadline_ms is not None and first.deadline_ms is not None
+    assert retry.deadline_ms < first.deadline_ms <= 10
     assert result.retried is True
     assert result.tier is Tier.LAMBDA
     assert result.worker_id is None
@@ -98,7 +100,7 @@ def test_dispatcher_retry_skips_an_instance_that_misses_the_remaining_budget() -
 
     assert [address for address, _ in workers.calls] == ["http://w1"]  # w2's 8 ms would miss 5 ms
     assert result.retried and result.tier is Tier.LAMBDA
-    assert lambda_tier.calls[0]["variant_id"] == "fast"
+    assert lambda_tier.calls[0].variant_id == "fast"
 
 
 def test_dispatcher_retries_a_worker_that_answers_503() -> None:
@@ -257,7 +259,7 @@ class SlowToFail(FakeLambda):
         super().__init__(LAMBDA_OUT)
         self.wrap_up_s = wrap_up_s
 
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
         self.timeouts.append(timeout_s)
         threading.Event().wait(max(0.0, timeout_s) + self.wrap_up_s)
         raise WorkerUnreachableError("the Lambda container did not answer: TimeoutError('timed out')")

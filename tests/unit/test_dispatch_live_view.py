@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import SATURATED_IN_FLIGHT, Dispatcher
 from modelless.dispatch.live_view import FAILED_WORKER_HOLD_S, RECENT_LOAD_S, with_in_flight
 from modelless.exceptions import WorkerUnreachableError
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.selection import InfaasPolicy
 from modelless.types import InstanceState, Tier
 from tests.unit.dispatch_kit import (

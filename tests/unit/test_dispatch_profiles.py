@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import modelless.dispatch.profiles as profiles_module
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.selection import InfaasPolicy
 from tests.unit.dispatch_kit import (
     APP,

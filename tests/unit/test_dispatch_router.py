@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import (
     NotFoundError,
@@ -17,10 +18,8 @@ from modelless.exceptions import (
     TargetsUnreachableError,
 )
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.runtime import inputs_of
-from modelless.selection import InfaasPolicy, LambdaTierState
-from modelless.types import Decision, Tier, VariantProfile
+from modelless.selection import InfaasPolicy
+from modelless.types import Decision, LambdaTierState, Tier
 from tests.unit.dispatch_kit import (
     APP,
     LAMBDA_OUT,
@@ -53,12 +52,12 @@ def test_dispatcher_sends_a_worker_decision_to_the_worker_address() -> None:
     result = dispatcher.online_query(targets(latency=10), batch_of_one(), correlation_id="corr-1")
 
     assert len(workers.calls) == 1 and lambda_tier.calls == []
-    address, payload = workers.calls[0]
+    address, invocation = workers.calls[0]
     assert address == "http://w1"
-    assert payload["variant_id"] == "v"
-    assert VariantProfile.from_json(payload["variant"]) == make_variant("v")
-    np.testing.assert_array_equal(inputs_of(payload), batch_of_one())
-    assert payload["correlation_id"] == "corr-1"
+    assert invocation.variant_id == "v"
+    assert invocation.variant == make_variant("v")
+    np.testing.assert_array_equal(invocation.inputs, batch_of_one())
+    assert invocation.correlation_id == "corr-1"
     assert result.tier is Tier.WORKER
     assert result.worker_id == "w1"
     assert result.retried is False
@@ -159,8 +158,8 @@ def test_dispatcher_answering_late_from_a_queue_warms_a_container_for_the_next_q
     warm_up = wait_for(
         lambda: lambda_tier.calls[0] if lambda_tier.calls else None, scaled(5.0), "the warm-up"
     )
-    assert warm_up["variant_id"] == "v"
-    assert str(warm_up["correlation_id"]).startswith("warmup-")
+    assert warm_up.variant_id == "v"
+    assert warm_up.correlation_id.startswith("warmup-")
 
 
 class WarmupCountingPolicy(InfaasPolicy):

@@ -16,9 +16,9 @@ import pytest
 
 from modelless.query_load import QueryGroup
 from modelless.repository.local import LocalModelRepository
-from modelless.runtime import npy_bytes, outputs_of
+from modelless.serving.invocation import PROTOCOL_VERSION, Invocation, Reply
+from modelless.serving.wire import to_json_message
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
-from modelless.wire import to_json_message
 from tests.models import digits, linear_model
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
@@ -93,20 +93,16 @@ def test_cpu_worker_handler_runs_the_variant(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setenv("MODELLESS_CACHE_DIR", str(tmp_path / "cache"))
     worker = fresh_import("functions.cpu_worker.app")
     images = digits()[0]
-    event = {
-        "variant_id": variant.variant_id,
-        "variant": variant.to_json(),
-        **to_json_message({"inputs_npy": npy_bytes(images[:4])}),
-        "correlation_id": "corr-1",
-    }
+    event = to_json_message(Invocation(variant, images[:4], "corr-1").to_message())
     first = worker.handler(event, FakeContext())
     second = worker.handler(event, FakeContext())
-    assert first["statusCode"] == 200
-    assert first["load_ms"] > 0  # loaded once per container...
-    assert second["load_ms"] == 0  # ...and reused while warm
-    outputs = outputs_of(first)
+    assert first["statusCode"] == second["statusCode"] == 200
+    first_reply, second_reply = Reply.from_message(first), Reply.from_message(second)
+    assert first_reply.load_ms > 0  # loaded once per container...
+    assert second_reply.load_ms == 0  # ...and reused while warm
+    outputs = first_reply.outputs
     assert outputs.shape == (4, 10)
-    assert np.array_equal(outputs, outputs_of(second))
+    assert np.array_equal(outputs, second_reply.outputs)
 
 
 def test_cpu_worker_handler_refuses_garbage_with_a_4xx(
@@ -114,10 +110,31 @@ def test_cpu_worker_handler_refuses_garbage_with_a_4xx(
 ) -> None:
     monkeypatch.setenv("MODELLESS_REPOSITORY_URL", str(tmp_path / "repo"))
     worker = fresh_import("functions.cpu_worker.app")
-    event = {"variant_id": "x", "variant": linear_variant().to_json(), "inputs_npy_b64": "not base64!"}
+    event = {
+        "version": PROTOCOL_VERSION,
+        "variant_id": "x",
+        "variant": linear_variant().to_json(),
+        "inputs_npy_b64": "not base64!",
+    }
     reply = worker.handler(event, FakeContext())
     assert reply["statusCode"] == 400
     assert "npy" in reply["error"]["message"]
+
+
+def test_cpu_worker_handler_refuses_an_event_of_another_protocol_version(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MODELLESS_REPOSITORY_URL", str(tmp_path / "repo"))
+    worker = fresh_import("functions.cpu_worker.app")
+    event = to_json_message(Invocation(linear_variant(), digits()[0][:1], "corr-old").to_message())
+    for version in (None, PROTOCOL_VERSION + 1):
+        if version is None:
+            del event["version"]  # a gateway from before versions
+        else:
+            event["version"] = version
+        reply = worker.handler(event, FakeContext())
+        assert reply["statusCode"] == 502
+        assert reply["error"]["code"] == "protocol_mismatch"
 
 
 # --- the scaler: its ticks within a scheduled invocation ----------------------------------------

@@ -1,4 +1,4 @@
-"""modelless.ingest: what exporters produce (external data, archives, fixed batch dimensions,
+"""modelless.registration.ingest: what exporters produce (external data, archives, fixed batch dimensions,
 integer and several inputs) made into one self-contained, test-run ONNX file, or refused with
 what to send instead. Tiny hand-built models; onnxruntime runs them for real."""
 
@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError
-from modelless.ingest import (
+from modelless.registration.ingest import (
     IN_PROCESS_MAX_BYTES,
     MAX_ARCHIVE_MEMBERS,
     IngestedModel,
@@ -469,14 +469,14 @@ def test_every_model_that_is_test_run_is_ingested_in_a_child(
 ) -> None:
     small = request(tmp_path, save(linear(), tmp_path / "m.onnx"))
     assert needs_child(small)
-    monkeypatch.setattr("modelless.ingest.onnxruntime_available", lambda: False)
+    monkeypatch.setattr("modelless.registration.ingest.onnxruntime_available", lambda: False)
     assert not needs_child(small)  # only parsed and checked: small enough for this process
 
 
 def test_a_validation_set_that_unpacks_large_is_ingested_in_a_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("modelless.ingest.onnxruntime_available", lambda: False)
+    monkeypatch.setattr("modelless.registration.ingest.onnxruntime_available", lambda: False)
     val = tmp_path / "val.npz"
     np.savez_compressed(val, inputs=np.zeros((600_000, 8), np.float32), labels=np.zeros(600_000, np.int64))
     assert val.stat().st_size < IN_PROCESS_MAX_BYTES  # a small file...
@@ -486,7 +486,7 @@ def test_a_validation_set_that_unpacks_large_is_ingested_in_a_child(
 def test_without_onnxruntime_the_test_run_is_left_to_the_registrar(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("modelless.ingest.onnxruntime_available", lambda: False)
+    monkeypatch.setattr("modelless.registration.ingest.onnxruntime_available", lambda: False)
     source = save(baked_batch_of_one(), tmp_path / "m.onnx")
     val = valset(tmp_path / "val.npz", inputs=np.zeros((6, 2, 4), np.float32))
 

@@ -1,4 +1,4 @@
-"""Query inputs into the batch a model takes (modelless.inputs): JSON, .npy, .npz and images;
+"""Query inputs into the batch a model takes (modelless.inputs.bodies): JSON, .npy, .npz and images;
 int64 and multi-input (structured) batches; every refusal a clear 4xx."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from modelless.exceptions import InvalidInputError, UnsupportedMediaTypeError
-from modelless.inputs import (
+from modelless.inputs.bodies import (
     BodyKind,
     binary_inputs,
     body_kind,
@@ -22,8 +22,8 @@ from modelless.inputs import (
     npz_inputs,
     query_inputs,
 )
-from modelless.preprocessing import decode_image, parse_recipe
-from modelless.tensors import batch_dtype
+from modelless.inputs.preprocessing import decode_image, parse_recipe
+from modelless.inputs.tensors import batch_dtype
 from modelless.types import ModelRecord, TensorSpec
 from tests.input_models import (
     IMAGE_RECIPE,

@@ -18,9 +18,9 @@ from typing import cast
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS, LAMBDA_MB_PER_VCPU
 from modelless.dispatch import Dispatcher
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS, LAMBDA_MB_PER_VCPU
 from modelless.pools.lambda_local import (
     LAMBDA_TIER_ID,
     UNMEASURED_COLD_START_MS,
@@ -28,8 +28,8 @@ from modelless.pools.lambda_local import (
     _Container,
 )
 from modelless.pools.processes import ChildProcess
-from modelless.selection import NO_LAMBDA_TIER, InfaasPolicy, LambdaTierState, queue_wait_ms
-from modelless.types import InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
+from modelless.selection import NO_LAMBDA_TIER, InfaasPolicy, queue_wait_ms
+from modelless.types import InstanceState, LambdaTierState, QueryTargets, Tier, VariantProfile, WorkerState
 from tests.unit.dispatch_kit import (
     LAMBDA,
     LAMBDA_OUT,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelless.monitoring import WINDOW_S, WorkerMonitor
+from modelless.serving.monitoring import WINDOW_S, WorkerMonitor
 from modelless.types import InstanceState, InstanceStats, VariantProfile, WorkerState
 
 T0 = 1_000.0

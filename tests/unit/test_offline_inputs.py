@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from modelless.batching import VariantBatcher
 from modelless.exceptions import InvalidJobError, OfflineInputError
 from modelless.offline.decoding import decode_input, image_layout
 from modelless.offline.jobs import S3Path, job_id_for_object, output_key, relative_key
+from modelless.serving.batching import VariantBatcher
 from tests.offline_kit import digit_inputs, image_bytes, model_record, npy, npz
 from tests.waiting import scaled, wait_for
 

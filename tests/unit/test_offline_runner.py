@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.exceptions import S3AccessDeniedError, ServiceUnavailableError, WorkerUnreachableError
 from modelless.metadata.memory import InMemoryMetadataStore
 from modelless.offline.compute import Paused, RunResult, WorkerCompute
 from modelless.offline.jobs import RESULT_SUFFIX, output_key, summary_key
 from modelless.offline.objects import InMemoryObjectStore, WriteOutcome
 from modelless.offline.runner import JobRunner, RunnerConfig, RunOutcome
-from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import (
     Decision,
     InstanceState,
@@ -626,7 +627,7 @@ class DeadWorkers:
         self.dead = set(dead)
         self.calls: list[str] = []
 
-    def invoke(self, address: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, address: str, invocation: Invocation, timeout_s: float) -> Reply:
         self.calls.append(address)
         raise WorkerUnreachableError(f"{address} does not answer")
 

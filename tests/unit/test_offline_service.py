@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.cli import job_progress_line, job_report, parse_args
 from modelless.config import Settings
 from modelless.exceptions import InvalidJobError, ModellessError
@@ -31,10 +32,10 @@ from modelless.offline.events import (
     s3_records,
 )
 from modelless.offline.jobs import JobSpec, job_id_for_object
+from modelless.offline.launchers import ThreadLauncher
 from modelless.offline.objects import InMemoryObjectStore
 from modelless.offline.runner import RunOutcome
-from modelless.offline.service import OfflineService, ThreadLauncher
-from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.offline.service import OfflineService
 from modelless.types import JobStatus, OfflineJob
 from tests.offline_kit import APP, BUCKET, MODEL, FakeCompute, publish, upload_npy_inputs, variant
 from tests.waiting import wait_for
@@ -912,7 +913,7 @@ def test_the_offline_handler_runs_an_s3_started_job_once(
     ],
 )
 def test_where_the_embedded_stack_runs_jobs(mode: str, url: str, expected: bool) -> None:
-    from modelless.offline.service import runs_in_child_processes
+    from modelless.offline.child_processes import runs_in_child_processes
 
     assert runs_in_child_processes(Settings(metadata_url=url, offline_runner=mode)) is expected
 
@@ -932,7 +933,7 @@ print(json.dumps({"level": "INFO", "jobId": job_id, "outcome": "lost-lease", "pr
 def test_a_child_runner_reports_through_its_own_channel_not_its_log_stream(
     tmp_path: Any, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from modelless.offline.service import ChildProcessRunner
+    from modelless.offline.child_processes import ChildProcessRunner
 
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -1004,7 +1005,7 @@ class WatchedStore(InMemoryMetadataStore):
 def planned_runner(
     tmp_path: Any, plan: str, store: WatchedStore, **policy: float
 ) -> tuple[Any, WatchedStore]:
-    from modelless.offline.service import ChildProcessRunner, RestartPolicy
+    from modelless.offline.child_processes import ChildProcessRunner, RestartPolicy
 
     (tmp_path / "plan.txt").write_text(plan)
     script = tmp_path / "child.py"
@@ -1103,7 +1104,7 @@ def test_closing_a_child_runner_stops_its_child_without_starting_another(tmp_pat
 
 
 def test_child_processes_need_a_shared_store() -> None:
-    from modelless.offline.service import ChildProcessRunner
+    from modelless.offline.child_processes import ChildProcessRunner
 
     with pytest.raises(ValueError, match="shared metadata store"):
         ChildProcessRunner("memory://")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from modelless.monitoring import WorkerMonitor
 from modelless.offline.throttle import RUNNING, ThrottleConfig, ThrottleState, next_state
+from modelless.serving.monitoring import WorkerMonitor
 from modelless.types import InstanceState, InstanceStats, WorkerState
 from tests.offline_kit import variant
 
@@ -200,11 +200,11 @@ def test_the_default_thresholds_are_infaas_utilisation_and_the_workers_interfere
     """40 % is INFaaS's; the latency thresholds are the worker's Interfered factors (pause when
     the instance would be judged Interfered, resume when it would be let go), and the
     deployment's settings default to the same (they are what the offline runner uses)."""
+    from modelless.catalog import DEFAULT_POOLS
     from modelless.config import Settings
     from modelless.metadata.memory import InMemoryMetadataStore
-    from modelless.monitoring import INTERFERED_EXIT_FACTOR, INTERFERED_FACTOR
     from modelless.offline.service import OfflineService
-    from modelless.pools.catalog import DEFAULT_POOLS
+    from modelless.serving.monitoring import INTERFERED_EXIT_FACTOR, INTERFERED_FACTOR
 
     assert (CONFIG.pause_utilisation, CONFIG.resume_utilisation) == (0.40, 0.30)
     assert (CONFIG.pause_latency_ratio, CONFIG.resume_latency_ratio) == (

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.pipelines.planner import latency_splits, plan_pipeline, stage_probabilities
 from modelless.pipelines.spec import PipelineSpec
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.types import VariantProfile
 
 BATCHES = {1: 1.0, 4: 2.5, 16: 8.0}  # p99 at batch b, as multiples of batch one's

@@ -16,15 +16,16 @@ from fastapi.testclient import TestClient
 from modelless import cli
 from modelless.api import create_app
 from modelless.api.services import build_services
-from modelless.cache.base import CacheStats, entry_key, entry_size, open_prediction_cache, row_digests
+from modelless.cache.base import CacheStats, entry_key, entry_size, row_digests
+from modelless.cache.factory import open_prediction_cache
 from modelless.cache.memory import InMemoryPredictionCache
 from modelless.cache.predictions import CachedPredictions, CachedRow, choose_hit, decode_row, encode_row
+from modelless.catalog import DEFAULT_POOLS
 from modelless.client import Client
 from modelless.config import Settings
 from modelless.dispatch import Dispatcher
 from modelless.exceptions import TargetsUnreachableError
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.repository.local import LocalModelRepository
 from modelless.selection import InfaasPolicy
 from modelless.types import Tier, VariantProfile

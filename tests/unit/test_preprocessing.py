@@ -1,4 +1,4 @@
-"""Image preprocessing recipes (modelless.preprocessing): parsing against the model's input,
+"""Image preprocessing recipes (modelless.inputs.preprocessing): parsing against the model's input,
 and decoding PNG/JPEG files made here with Pillow into exactly the tensor the recipe says."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import modelless.preprocessing as preprocessing
+import modelless.inputs.preprocessing as preprocessing
 from modelless.exceptions import InvalidInputError
-from modelless.preprocessing import decode_image, parse_recipe
+from modelless.inputs.preprocessing import decode_image, parse_recipe
 from modelless.types import TensorSpec
 from tests.input_models import IMAGE_RECIPE, IMAGE_SPEC, jpeg_bytes, picture, png_bytes
 

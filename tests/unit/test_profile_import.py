@@ -18,11 +18,11 @@ from fastapi.testclient import TestClient
 
 from modelless.api import create_app
 from modelless.api.services import Services, build_services
+from modelless.catalog import CPU_POOL, DEFAULT_POOLS, GPU_POOL, LAMBDA_POOL
 from modelless.config import Settings
 from modelless.exceptions import InvalidInputError, NotFoundError, NotReadyError
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS, GPU_POOL, LAMBDA_POOL
-from modelless.profile_import import import_profiles
+from modelless.registration.profile_import import import_profiles
 from modelless.repository.local import LocalModelRepository
 from modelless.selection import InfaasPolicy
 from modelless.types import (

@@ -16,8 +16,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from modelless.exceptions import InvalidInputError
+from modelless.registration.profiling import screened_out
 from modelless.types import TensorSpec
-from modelless.variant_profiling import screened_out
 from tests.models import linear_model, valset_npz
 from variants.__main__ import REFERENCE_FILE
 from variants.__main__ import main as variants_main

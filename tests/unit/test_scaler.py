@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 import pytest
 
+from modelless.catalog import CPU_POOL, DEFAULT_POOLS
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import CPU_POOL, DEFAULT_POOLS
 from modelless.query_load import QueryGroup
 from modelless.scaling.controller import ScaleDownHold, Scaler, ScalerConfig
 from modelless.scaling.problem import PlanStatus, ScalingPlan, ScalingProblem

@@ -11,8 +11,8 @@ from typing import TypeVar
 
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.scaling.controller import Scaler, ScalerConfig, ScalingReport
 from modelless.scaling.ticks import SCHEDULE_S, ScheduledTicks, TickWindow
 from tests.unit.test_scaler import GROUP, FakeProvider, load

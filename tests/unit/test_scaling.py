@@ -1,4 +1,4 @@
-"""The variant-mix program (DESIGN §5): the exact MILP and the INFaaS greedy on small problems
+"""The variant-mix program (docs/ARCHITECTURE.md §5): the exact MILP and the INFaaS greedy on small problems
 whose answers are known, on seeded random problems checked against the constraints, and the
 inputs' arithmetic (saturation per budget, validation). Pure: no network, no store, no clock."""
 

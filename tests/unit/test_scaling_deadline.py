@@ -23,6 +23,7 @@ from modelless.scaling.deadline import STOP_SLACK_S, Deadline, OutOfTime, holdin
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.greedy import solve_greedy
 from modelless.scaling.problem import VCPU
+from modelless.scaling.time_budget import FINISH_PER_SCAN
 from sim.problems import make_problem
 from tests.waiting import scaled
 
@@ -142,6 +143,6 @@ def test_the_exact_search_keeps_back_the_time_to_read_its_plan_measured_on_its_o
     [search] = search_deadlines
     assert search is not None
     kept_back = started + limit - search.at  # at most what the solver keeps (its clock starts later)
-    assert kept_back >= STOP_SLACK_S + exact.FINISH_PER_SCAN * scan_s - 0.01
+    assert kept_back >= STOP_SLACK_S + FINISH_PER_SCAN * scan_s - 0.01
     assert kept_back >= holding_reserve_s(problem) - 0.01  # the holding plan's time is kept too
     assert violations(problem, plan) == []

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.query_load import PEAK_SLICE_S
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.scaling.envelope import (

@@ -280,9 +280,9 @@ def stopped_by_the_deadline(
     bound set from the true plan's objective (HiGHS's incumbent cannot be made poor on cue)."""
     from dataclasses import replace
 
-    from modelless.scaling import exact
+    from modelless.scaling import readback
 
-    real_plan = exact._plan
+    real_plan = readback.read_plan
 
     def poor(*args: object, **kwargs: object) -> object:
         plan = real_plan(*args, **kwargs)  # type: ignore[arg-type]
@@ -293,7 +293,7 @@ def stopped_by_the_deadline(
             lower_bound=plan.objective * bound_factor,
         )
 
-    monkeypatch.setattr(exact, "_plan", poor)
+    monkeypatch.setattr(readback, "read_plan", poor)
 
 
 def test_a_poor_plan_stopped_by_the_deadline_gives_way_to_the_greedys_when_cheaper(
@@ -336,19 +336,19 @@ def test_the_lps_rounding_is_a_valid_plan_where_every_component_has_a_block(
     instances rounded up; the plan it reads back serves every group and breaks nothing."""
     import time
 
-    from modelless.scaling import exact
+    from modelless.scaling import exact_model, highs, incumbent, readback
 
     problem = make_problem(architectures, seed)
     usable = usable_variants(problem)
     components = components_of(problem, usable)
     blocks = frozenset(range(len(components)))
-    model = exact._build(problem, components, usable, blocks, patterns=True)
-    duals = exact._lp_duals(model, 60.0)
+    model = exact_model.build_model(problem, components, usable, blocks, patterns=True)
+    duals = highs.lp_duals(model, 60.0)
     assert duals is not None and model.m_cols.keys() == blocks
-    rounded = exact._rounded(problem, model, duals.x)
+    rounded = incumbent.rounded(problem, model, duals.x)
     assert rounded is not None
     assert float(model.c @ rounded) >= duals.bound - 1e-6
-    plan = exact._plan(problem, model, rounded, PlanStatus.TIME_LIMIT, time.perf_counter(), [], None)
+    plan = readback.read_plan(problem, model, rounded, PlanStatus.TIME_LIMIT, time.perf_counter(), [], None)
     assert violations(problem, plan) == [] and plan.unmet_qps == {}
 
 
@@ -359,7 +359,7 @@ def test_a_milp_that_never_answers_leaves_the_best_rounding_not_the_holding_plan
     """HiGHS abandoned past its deadline (OutOfTime) in the plan's MILP: the call still returns
     a plan of the program (the best rounding, or the greedy's where that is cheaper than a plan
     whose certified gap is poor), with the bound the compact LP proved, and nothing unmet."""
-    from modelless.scaling import exact
+    from modelless.scaling import highs
     from modelless.scaling.deadline import OutOfTime
 
     problem = make_problem(architectures, seed)
@@ -368,7 +368,7 @@ def test_a_milp_that_never_answers_leaves_the_best_rounding_not_the_holding_plan
     def abandoned(*args: object, **kwargs: object) -> object:
         raise OutOfTime
 
-    monkeypatch.setattr(exact, "_attempt", abandoned)
+    monkeypatch.setattr(highs, "attempt", abandoned)  # every MILP of the solve calls it there
     plan = solve_exact(problem, time_limit_s=60.0)
 
     assert plan.solver in ("milp", "greedy") and plan.status is PlanStatus.TIME_LIMIT
@@ -382,18 +382,18 @@ def test_a_milp_that_never_answers_leaves_the_best_rounding_not_the_holding_plan
 def test_filling_a_roundings_spare_room_breaks_no_row_and_never_costs_more(
     architectures: int, seed: int
 ) -> None:
-    from modelless.scaling import exact
+    from modelless.scaling import exact_model, highs, incumbent
 
     problem = make_problem(architectures, seed)
     usable = usable_variants(problem)
     components = components_of(problem, usable)
     forced = frozenset(ci for ci, component in enumerate(components) if not component.patterns)
-    model = exact._build(problem, components, usable, forced, patterns=True)
-    duals = exact._lp_duals(model, 60.0)
+    model = exact_model.build_model(problem, components, usable, forced, patterns=True)
+    duals = highs.lp_duals(model, 60.0)
     assert duals is not None
-    rounded = exact._rounded(problem, model, duals.x)
+    rounded = incumbent.rounded(problem, model, duals.x)
     assert rounded is not None
-    filled = exact._filled(model, rounded)
+    filled = incumbent.filled(model, rounded)
     rows = model.matrix @ filled
     assert np.all(rows <= model.row_upper + 1e-7) and np.all(rows >= model.row_lower - 1e-7)
     assert np.array_equal(filled[list(model.w_cols.values())], rounded[list(model.w_cols.values())])

@@ -3,24 +3,23 @@ cold start cannot take in time, and that each tick tells the pool (on a fake clo
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import pytest
 from scipy.stats import poisson
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.warm import InvokingWarmPool
 from modelless.query_load import PEAK_SLICE_S
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.scaling.problem import lambda_choice
 from modelless.scaling.warm_pool import WARM_QUANTILE, WarmDemand, burst_rate, containers_for, warm_containers
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import VariantProfile
 from tests.unit.test_scaler import GROUP, FakeProvider, profile, store  # noqa: F401 (a fixture)
 
@@ -116,22 +115,22 @@ class BlockingLambda:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.payloads: list[dict[str, Any]] = []
+        self.invocations: list[Invocation] = []
         self.in_flight = 0
         self.most_at_once = 0
         self.release = threading.Event()
         self.fail = False
 
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
         with self.lock:
-            self.payloads.append(payload)
+            self.invocations.append(invocation)
             self.in_flight += 1
             self.most_at_once = max(self.most_at_once, self.in_flight)
         try:
             self.release.wait(5.0)
             if self.fail:
                 raise RuntimeError("throttled")
-            return {"cold_start": False}
+            return Reply(np.zeros((invocation.rows, 10), dtype=np.float32), batch=invocation.rows)
         finally:
             with self.lock:
                 self.in_flight -= 1
@@ -139,7 +138,7 @@ class BlockingLambda:
 
 def settle(tier: BlockingLambda, count: int) -> None:
     deadline = time.monotonic() + 10.0
-    while len(tier.payloads) < count and time.monotonic() < deadline:
+    while len(tier.invocations) < count and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -154,23 +153,23 @@ def test_the_invoking_pool_warms_containers_at_once_and_again_only_when_due(
         settle(tier, 3)
         assert tier.most_at_once == 3  # together: three containers, not one three times
         tier.release.set()
-        payload = tier.payloads[0]
-        assert payload["variant_id"] == variant.variant_id and payload["correlation_id"].startswith("warmup-")
-        assert np.load(io.BytesIO(payload["inputs_npy"])).shape == (1, 1, 8, 8)  # the model's own input
+        warm_up = tier.invocations[0]
+        assert warm_up.variant_id == variant.variant_id and warm_up.correlation_id.startswith("warmup-")
+        assert warm_up.inputs.shape == (1, 1, 8, 8)  # the model's own input
         clock[0] = 100.0
         pool.keep_warm({variant.variant_id: 3}, {variant.variant_id: variant})  # warm still
         pool.keep_warm({variant.variant_id: 2}, {variant.variant_id: variant})
-        assert len(tier.payloads) == 3
+        assert len(tier.invocations) == 3
         pool.keep_warm({variant.variant_id: 5}, {variant.variant_id: variant})  # more: at once
         settle(tier, 8)
         clock[0] = 400.0  # due again
         pool.keep_warm({variant.variant_id: 5}, {variant.variant_id: variant})
         settle(tier, 13)
-        assert len(tier.payloads) == 13
+        assert len(tier.invocations) == 13
         pool.keep_warm({}, {})  # no longer needed: forgotten, warmed afresh if asked again
         pool.keep_warm({variant.variant_id: 1}, {variant.variant_id: variant})
         settle(tier, 14)
-        assert len(tier.payloads) == 14
+        assert len(tier.invocations) == 14
     finally:
         tier.release.set()
         pool.close()
@@ -190,7 +189,7 @@ def test_a_failed_warm_up_is_tried_again_on_the_next_tick(store: InMemoryMetadat
             time.sleep(0.01)
         pool.keep_warm({variant.variant_id: 1}, {variant.variant_id: variant})
         settle(tier, 2)
-        assert len(tier.payloads) == 2
+        assert len(tier.invocations) == 2
     finally:
         pool.close()
 
@@ -204,11 +203,11 @@ def test_the_invoking_pool_warms_one_sizes_variants_in_turn_within_the_tiers_con
     try:
         pool.keep_warm({fast.variant_id: 9, slow.variant_id: 9}, {p.variant_id: p for p in (fast, slow)})
         settle(tier, 4)
-        assert [p["variant_id"] for p in tier.payloads] == [fast.variant_id] * 4  # the first round
-        assert len({p["correlation_id"] for p in tier.payloads}) == 4
+        assert [i.variant_id for i in tier.invocations] == [fast.variant_id] * 4  # the first round
+        assert len({i.correlation_id for i in tier.invocations}) == 4
         tier.release.set()  # the round answers: the next variant's round, on the same containers
         settle(tier, 8)
-        assert [p["variant_id"] for p in tier.payloads[4:]] == [slow.variant_id] * 4
+        assert [i.variant_id for i in tier.invocations[4:]] == [slow.variant_id] * 4
         assert tier.most_at_once <= 4
     finally:
         tier.release.set()
@@ -231,7 +230,7 @@ def test_settle_waits_for_the_rounds_in_flight_and_says_how_many_are_not_answere
         assert pool.settle(0.05) == 2  # both rounds wait on their invocations
         tier.release.set()
         assert pool.settle(10.0) == 0
-        assert len(tier.payloads) == 3 and tier.in_flight == 0
+        assert len(tier.invocations) == 3 and tier.in_flight == 0
     finally:
         tier.release.set()
         pool.close()

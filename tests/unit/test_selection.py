@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.exceptions import TargetsUnreachableError
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.selection import (
     Candidates,
     InfaasPolicy,
@@ -904,6 +904,41 @@ def test_the_tolerance_is_a_setting(policy: InfaasPolicy) -> None:
     assert (
         policy.get_variant(targets(model="m"), Candidates(narrow, 0.02), []).variant.variant_id
         == "int8-static"
+    )
+
+
+def test_a_policy_given_its_tolerance_reads_no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import modelless.config
+
+    def no_settings() -> None:
+        raise AssertionError("a policy given its tolerance read the settings")
+
+    monkeypatch.setattr(modelless.config, "get_settings", no_settings)
+    narrow = [
+        measured("fp32", "fp32", 0.80, p99=10.0, examples=100_000),
+        measured("int8-static", "int8-static", 0.785, p99=5.0, examples=100_000),
+    ]
+    strict, loose = InfaasPolicy(DEFAULT_POOLS, 0.0), InfaasPolicy(DEFAULT_POOLS, 0.02)
+    assert strict.get_variant(targets(model="m"), narrow, []).variant.variant_id == "fp32"
+    assert loose.get_variant(targets(model="m"), Candidates(narrow), []).variant.variant_id == "int8-static"
+    assert strict.warmup(targets(model="m", latency=100), narrow, [make_worker("w1")]) is not None
+    # A list's own tolerance goes first: the policy's is for the lists that carry none.
+    assert strict.get_variant(targets(model="m"), Candidates(narrow, 0.02), []).variant.variant_id == (
+        "int8-static"
+    )
+
+
+def test_a_policy_without_a_tolerance_holds_to_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelless.config import get_settings
+
+    narrow = [
+        measured("fp32", "fp32", 0.80, p99=10.0, examples=100_000),
+        measured("int8-static", "int8-static", 0.785, p99=5.0, examples=100_000),
+    ]
+    monkeypatch.setenv("MODELLESS_ACCURACY_TOLERANCE", "0.0")
+    assert get_settings().accuracy_tolerance == 0.0
+    assert (
+        InfaasPolicy(DEFAULT_POOLS).get_variant(targets(model="m"), narrow, []).variant.variant_id == "fp32"
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from modelless.monitoring import (
+from modelless.serving.monitoring import (
     INTERFERED_EXIT_FACTOR,
     INTERFERED_FACTOR,
     OVERLOADED_BUSY_FRACTION,

@@ -380,7 +380,7 @@ def test_the_offline_supervisor_logs_a_store_outage_once_and_its_end_once(
     """Issue 33: while Redis was down, the resume loop logged a raw traceback every round."""
     import threading
 
-    from modelless.offline.service import ThreadLauncher
+    from modelless.offline.launchers import ThreadLauncher
 
     rounds = 0
     resumed = threading.Event()

@@ -1,6 +1,6 @@
 """The embedded stack's telemetry: OpenTelemetry spans of a query's stages (modelless.tracing)
-and the Prometheus series at GET /metrics (modelless.prometheus), on test_api.py's in-process API
-with the prediction cache on."""
+and the Prometheus series at GET /metrics (modelless.observability.prometheus), on test_api.py's
+in-process API with the prediction cache on."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from modelless import prometheus, tracing
+from modelless import tracing
 from modelless.api import create_app
 from modelless.api.services import build_services
+from modelless.catalog import DEFAULT_POOLS
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
+from modelless.observability import prometheus
 from modelless.repository.local import LocalModelRepository
 from modelless.scaling.controller import Scaler, ScalerConfig, ScalingReport
 from modelless.scaling.problem import PlanStatus, ScalingPlan

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.metadata.memory import InMemoryMetadataStore
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.scaling.controller import Scaler, ScalerConfig
 from modelless.tuning import make_policy
 from modelless.tuning.bandit import UcbTuner
@@ -350,7 +350,7 @@ def test_the_scaler_plans_a_tuned_variant_with_its_tuned_capacity(store: InMemor
 
 
 def test_the_monitor_reports_an_instances_tuned_configuration() -> None:
-    from modelless.monitoring import WorkerMonitor
+    from modelless.serving.monitoring import WorkerMonitor
 
     monitor = WorkerMonitor("w", "cpu", "http://w", slots=2)
     variant = profile("fast", "cpu", 2.0)

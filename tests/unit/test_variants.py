@@ -12,7 +12,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from modelless.pools.catalog import (
+from modelless.catalog import (
     ACCEL_POOL,
     CPU_POOL,
     DEFAULT_POOLS,

@@ -80,7 +80,7 @@ class Settings(_EnvSettings):
     # VALSET_UNPACK_FACTOR times max_valset_bytes (``valset_unpacked_limit``).
     max_valset_unpacked_bytes: int = Field(default=0, ge=0)
     # The memory (address space) of the child process that checks and test-runs a model; 0:
-    # derived from the registration's files (``modelless.ingest.ingest_memory_limit``).
+    # derived from the registration's files (``modelless.registration.ingest.ingest_memory_limit``).
     max_ingest_memory_bytes: int = Field(default=0, ge=0)
     # How long register_model and offline_query remember an Idempotency-Key and their reply.
     idempotency_ttl_s: float = Field(default=24 * 3600.0, gt=0)
@@ -167,7 +167,7 @@ class Settings(_EnvSettings):
     # container in place of admin_key (template.yaml deploys it so).
     admin_key_secret: str = ""
 
-    # --- offline jobs (DESIGN §6) ---------------------------------------------------------------
+    # --- offline jobs (docs/ARCHITECTURE.md §6) ------------------------------------------------
     # In AWS: the offline function the gateway hands jobs to (asynchronous invoke). Empty: jobs
     # run in a background thread of this process (the embedded stack).
     offline_function: str = ""

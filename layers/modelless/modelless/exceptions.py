@@ -109,6 +109,14 @@ class NotReadyError(ModellessError):
     code = "not_ready"
 
 
+class ProtocolMismatchError(ModellessError):
+    """An invocation or a reply of another protocol version (``modelless.serving.invocation``): the
+    gateway and a worker of different releases, which refuse each other rather than misread."""
+
+    status_code = 502
+    code = "protocol_mismatch"
+
+
 class ServiceUnavailableError(ModellessError):
     """Something the request needs is down or busy now: worth retrying. The API answers 503 with
     a ``Retry-After`` header of ``retry_after_s`` (a ``retry_after_s`` detail where the error

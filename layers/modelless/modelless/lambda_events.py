@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 from aws_lambda_powertools.utilities.data_classes.common import DictWrapper
 
 if TYPE_CHECKING:
-    from modelless.registration import RegistrationJob
+    from modelless.registration.service import RegistrationJob
 
 
 class InvocationEvent(DictWrapper):
-    """The Lambda tier's event (``modelless.runtime.invocation_payload``): a variant and its inputs."""
+    """The Lambda tier's event: an ``Invocation`` (``modelless.serving.invocation``) in its JSON form."""
 
     @property
     def variant_id(self) -> str:
@@ -47,7 +47,9 @@ class RegistrationEvent(DictWrapper):
 
     @property
     def job(self) -> RegistrationJob:
-        from modelless.registration import RegistrationJob  # the Lambda tier never imports registration
+        from modelless.registration.service import (
+            RegistrationJob,  # the Lambda tier never imports registration
+        )
 
         return RegistrationJob.from_event(self.raw_event)
 

@@ -1,6 +1,6 @@
 """Query load per group: what the scaler provisions for.
 
-A group (DESIGN §5) is the set of queries that the same variants can serve: the same app (or
+A group (docs/ARCHITECTURE.md §5) is the set of queries that the same variants can serve: the same app (or
 named model), the same accuracy class and the same latency class. Classes round towards the
 stricter side (accuracy up to the next hundredth, latency down to the class below), so whatever
 serves a group serves every query in it.

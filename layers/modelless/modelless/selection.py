@@ -46,42 +46,19 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, overload
 
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.exceptions import TargetsUnreachableError
-from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.tuning.capacity import clamped_scale
 from modelless.types import (
     Decision,
     InstanceState,
     InstanceStats,
+    LambdaTierState,
     QueryTargets,
     Tier,
     VariantProfile,
     WorkerState,
 )
-
-
-@dataclass(frozen=True)
-class LambdaTierState:
-    """What a Lambda tier that sees its containers tells selection, besides the variants warm
-    and idle in some container (its ``WorkerState``: those are its Active instances; a variant
-    whose every container is busy is Overloaded there).
-
-    ``idle_by_memory``: idle containers per memory size (MB; a container serves one size, as a
-    Lambda function has one): a query there pays its variant's load at most, no process start.
-    ``cold_start_ms``: what starting a new container is expected to take before the variant's
-    load (the tier's measured mean). ``full``: every container the tier may run is busy or
-    starting (its concurrency limit): no cold start is on offer, a query there waits for a
-    container to finish."""
-
-    idle_by_memory: Mapping[int, int]
-    default_memory_mb: int
-    cold_start_ms: float
-    full: bool = False
-
-    def has_idle(self, variant: VariantProfile) -> bool:
-        """Whether a query for ``variant`` would find an idle container (no cold start)."""
-        return self.idle_by_memory.get(variant.memory_mb or self.default_memory_mb, 0) > 0
-
 
 # A deployment without a Lambda tier (a dispatcher given none): no container is ever idle and a
 # new one never starts, so a decision there is expected never to answer. Any instance on a worker
@@ -198,7 +175,9 @@ def holds_to_reference(min_accuracy: float, model_name: str | None) -> bool:
     return model_name is not None or min_accuracy <= 0
 
 
-def _default_tolerance() -> float:
+def _settings_tolerance() -> float:
+    """The one setting read here: for lists cut with no tolerance given (the profile cache of
+    ``modelless.dispatch``, the offline runner, a policy built without one); never otherwise."""
     from modelless.config import get_settings  # read once per candidate list, not per decision
 
     return float(get_settings().accuracy_tolerance)
@@ -213,7 +192,7 @@ class Candidates(Sequence[VariantProfile]):
 
     ``accuracy_tolerance``: how far below its model's reference accuracy a variant may be and
     still serve queries that name the model or give no accuracy target (``faithful``); by default
-    ``Settings.accuracy_tolerance``."""
+    the one ``subset`` is given (a policy's), else ``Settings.accuracy_tolerance``."""
 
     __slots__ = ("_cut_for", "_keep", "_references", "_root", "_tables", "_tolerance", "_variants")
 
@@ -230,7 +209,7 @@ class Candidates(Sequence[VariantProfile]):
     def accuracy_tolerance(self) -> float:
         root = self._root or self
         if root._tolerance is None:
-            root._tolerance = _default_tolerance()
+            root._tolerance = _settings_tolerance()
         return root._tolerance
 
     def references(self) -> Mapping[str, float]:
@@ -241,14 +220,24 @@ class Candidates(Sequence[VariantProfile]):
             root._references = reference_accuracies(root._variants)
         return root._references
 
-    def subset(self, min_accuracy: float, model_name: str | None = None) -> Candidates:
+    def _tolerance_or(self, fallback: float | None) -> float:
+        """The list's own tolerance, else ``fallback`` (not kept: callers may differ), else the
+        settings' (kept)."""
+        root = self._root or self
+        if root._tolerance is None and fallback is not None:
+            return fallback
+        return self.accuracy_tolerance
+
+    def subset(
+        self, min_accuracy: float, model_name: str | None = None, *, accuracy_tolerance: float | None = None
+    ) -> Candidates:
         """The candidates with accuracy >= ``min_accuracy`` (of ``model_name`` when given); for a
         named model or no accuracy target, only those within the tolerance of their model's
-        reference accuracy (``faithful``)."""
+        reference accuracy (``faithful``): the list's own tolerance, else ``accuracy_tolerance``."""
         outer = self._keep
         held = holds_to_reference(min_accuracy, model_name)
         references = self.references() if held else {}
-        tolerance = self.accuracy_tolerance if held and references else 0.0
+        tolerance = self._tolerance_or(accuracy_tolerance) if held and references else 0.0
 
         def keep(v: VariantProfile) -> bool:
             return (
@@ -332,13 +321,50 @@ def as_candidates(candidates: Sequence[VariantProfile]) -> Candidates:
     return candidates if isinstance(candidates, Candidates) else Candidates(candidates)
 
 
-def for_targets(candidates: Sequence[VariantProfile], targets: QueryTargets) -> Candidates:
-    """The candidates that meet the targets' accuracy and model (``Candidates.subset``); a list
-    already cut for these targets (the dispatcher's cached one) as it is."""
+def for_targets(
+    candidates: Sequence[VariantProfile], targets: QueryTargets, accuracy_tolerance: float | None = None
+) -> Candidates:
+    """The candidates that meet the targets' accuracy and model (``Candidates.subset``, held to
+    ``accuracy_tolerance`` where the list has no tolerance of its own); a list already cut for
+    these targets (the dispatcher's cached one) as it is."""
     indexed = as_candidates(candidates)
     if indexed._cut_for == (targets.min_accuracy, targets.model_name):
         return indexed
-    return indexed.subset(targets.min_accuracy, targets.model_name)
+    return indexed.subset(targets.min_accuracy, targets.model_name, accuracy_tolerance=accuracy_tolerance)
+
+
+class _Late(NamedTuple):
+    """An instance that meets the targets but not the budget now (queued past it, or Overloaded):
+    the answer, late, if nothing else can be. The quicker goes first, then the lower worker id."""
+
+    expected_ms: float
+    worker_id: str
+    scored: Scored
+    worker: WorkerState
+
+
+def _quicker(late: _Late, than: _Late | None) -> bool:
+    """Whether ``late`` goes before ``than`` (on (expected, worker id): the first found on a tie)."""
+    return than is None or late[:2] < than[:2]
+
+
+# How instances meeting the budget rank, the lowest first (``InfaasPolicy._consider_instance``).
+_InstanceKey = tuple[bool, float, float, int, float, float, str]
+# A live instance's latency and cost as measured (``_as_tuned``), its scale and concurrent runs.
+_Tuned = tuple[float, float, float, int]
+
+
+@dataclass(slots=True)
+class _LiveWalk:
+    """What one decision's walk over the live instances found: the best instance that meets the
+    budget (by ``_InstanceKey``); aside, the quickest queued past it and the quickest Overloaded."""
+
+    best: Scored | None = None
+    best_worker: WorkerState | None = None
+    best_key: _InstanceKey | None = None
+    best_expected: float = 0.0
+    queued: _Late | None = None
+    overloaded: _Late | None = None
 
 
 class InfaasPolicy:
@@ -355,10 +381,14 @@ class InfaasPolicy:
     would break, a warm Lambda container ranks after a worker's instance that meets the budget
     (a concurrent query may take the idle container first, leaving this one a cold start; an
     instance on a worker never starts cold). The tier's busy containers are not a queue: an
-    Active instance there has an idle container holding it."""
+    Active instance there has an idle container holding it.
 
-    def __init__(self, pools: Mapping[str, PoolSpec]) -> None:
+    ``accuracy_tolerance`` (``faithful``) for lists without their own: ``Settings.accuracy_tolerance``
+    from callers that hold settings (the policy reads nothing else); None: the process's settings."""
+
+    def __init__(self, pools: Mapping[str, PoolSpec], accuracy_tolerance: float | None = None) -> None:
         self._pools = pools
+        self._tolerance = accuracy_tolerance
 
     def get_variant(
         self,
@@ -368,22 +398,52 @@ class InfaasPolicy:
         lambda_tier: LambdaTierState | None = None,
     ) -> Decision:
         budget = _budget(targets)
-        table = for_targets(candidates, targets).at_batch(targets.batch)  # those that take the batch
-        min_accuracy, model_name = targets.min_accuracy, targets.model_name
+        # The candidates: those that meet the targets' accuracy and model and take the batch.
+        table = for_targets(candidates, targets, self._tolerance).at_batch(targets.batch)
+        walk = self._walk_live_instances(targets, table, workers, lambda_tier, budget)
+        if walk.best is not None and walk.best_worker is not None:
+            return self._active(
+                walk.best,
+                walk.best_worker,
+                walk.best_expected,
+                f"cheapest active variant meeting accuracy>={targets.min_accuracy:g} and "
+                f"latency<={budget:g} ms, queue included; least-loaded worker running it",
+            )
+        chosen = self._quickest_new_instance(targets, table, workers, lambda_tier, budget)
+        late = _late_answer(walk, chosen, lambda_tier, budget)
+        if late is not None:
+            # Nothing meets the budget now: every instance that meets the targets is queued past
+            # it (or, when nothing new can start, Overloaded), and a new one would answer later
+            # still: the quickest of them, late (a queue is a transient: a refusal would name a
+            # variant that meets the targets once its queue has drained).
+            return self._active(
+                late.scored,
+                late.worker,
+                late.expected_ms,
+                f"no variant meeting accuracy>={targets.min_accuracy:g} and latency<={budget:g} ms "
+                f"answers within the budget now (queued past it, overloaded or cold): the quickest, late",
+            )
+        if chosen is not None:
+            return chosen
+        raise unreachable_error(targets, candidates)
 
-        # Active: variants with a healthy loaded instance whose profiled latency, after the wait
-        # for what is queued on it, meets the budget; the cheapest, then the faster, then the
-        # shorter queue, then the least-utilised worker (first found on a tie). A warm Lambda
-        # container goes after the workers' instances when a cold start (should another query
-        # take the container first) would break the budget. The quickest instance that meets the
-        # budget only when idle is kept aside: the answer, late, if nothing else can be.
-        best: Scored | None = None
-        best_worker: WorkerState | None = None
-        best_key: tuple[bool, float, float, int, float, float, str] | None = None
-        best_expected = 0.0
-        queued_out: tuple[float, str, Scored, WorkerState] | None = None
+    def _walk_live_instances(
+        self,
+        targets: QueryTargets,
+        table: BatchTable,
+        workers: Sequence[WorkerState],
+        lambda_tier: LambdaTierState | None,
+        budget: float,
+    ) -> _LiveWalk:
+        """Active: variants with a healthy loaded instance whose profiled latency, after the wait
+        for what is queued on it, meets the budget; the cheapest, then the faster, then the
+        shorter queue, then the least-utilised worker (first found on a tie). A warm Lambda
+        container goes after the workers' instances when a cold start (should another query take
+        the container first) would break the budget. The quickest instance that meets the budget
+        only when idle is kept aside: the answer, late, if nothing else can be."""
+        walk = _LiveWalk()
         lookup = table.get
-        overloaded_out: tuple[float, str, Scored, WorkerState] | None = None
+        min_accuracy, model_name = targets.min_accuracy, targets.model_name
         for worker in workers:
             on_lambda = self._is_lambda(worker.pool)
             for instance in worker.instances:
@@ -393,79 +453,86 @@ class InfaasPolicy:
                 scored = lookup(instance.variant_id)
                 if scored is None:
                     continue
-                # A tuned instance runs as its worker measured it, not as profiled (the scale
-                # is applied here, per live instance: the tables hold the profiles as registered).
-                latency, cost = scored.latency_ms, scored.cost
-                scale, concurrency = tuned_scale(instance) if instance.latency_scale > 0 else (1.0, 1)
-                if scale != 1.0:
-                    latency *= scale
-                    cost = scored.variant.price_per_second * latency / 1000.0 + scored.variant.request_price
-                if (
-                    not latency <= budget
-                    or not scored.variant.accuracy >= min_accuracy
-                    or (model_name is not None and scored.variant.model_name != model_name)
+                # Filtered inline (no call per instance): this loop is the cost of a decision.
+                tuned = (
+                    _as_tuned(scored, instance)
+                    if instance.latency_scale > 0
+                    else (scored.latency_ms, scored.cost, 1.0, 1)
+                )
+                variant = scored.variant
+                if (  # its queue aside
+                    tuned[0] <= budget
+                    and variant.accuracy >= min_accuracy
+                    and (model_name is None or variant.model_name == model_name)
                 ):
-                    continue
-                queued = instance.queue_length
-                expected = latency
-                # The Lambda tier's queue is its busy containers: an Active instance there has an
-                # idle container holding it, and busy ones delay it no more than another
-                # worker's queue delays a worker's instance.
-                if queued > 0 and not on_lambda:
-                    expected += queue_wait_ms(
-                        scored.variant, queued, instance.batch_limit, scale, concurrency
+                    self._consider_instance(
+                        walk, targets, budget, lambda_tier, worker, on_lambda, instance, scored, tuned
                     )
-                if state is InstanceState.OVERLOADED:
-                    # Skipped (INFaaS), unless nothing meets the budget and nothing new can start
-                    # (below): then its queue is the quickest way to an answer.
-                    late = (expected, worker.worker_id, scored, worker)
-                    if overloaded_out is None or late[:2] < overloaded_out[:2]:
-                        overloaded_out = late
-                    continue
-                if not expected <= budget:  # its queue (its profiled latency meets the budget)
-                    late = (expected, worker.worker_id, scored, worker)
-                    if queued_out is None or late[:2] < queued_out[:2]:
-                        queued_out = late
-                    continue
-                if on_lambda and not self._is_lambda(scored.variant.pool):
-                    # A worker variant spilled to the Lambda tier runs at Lambda's price there.
-                    cost = self._lambda_cost(scored.variant, targets.batch)
-                # Among equal instances, the shortest queue (the gateway lays its own queries in
-                # flight over the reports), then the least-utilised worker.
-                cold_risk = (
-                    on_lambda
-                    and lambda_tier is not None
-                    and budget < lambda_tier.cold_start_ms + scored.cold_ms
-                )
-                agreement = -(scored.variant.agreement or 0.0)  # equal otherwise: closer to the original
-                key = (
-                    cold_risk,
-                    cost,
-                    latency,
-                    queued,
-                    agreement,
-                    worker.utilisation,
-                    worker.worker_id,
-                )
-                if best_key is None or key < best_key:
-                    best, best_worker, best_key, best_expected = scored, worker, key, expected
-        if best is not None and best_worker is not None:
-            return self._active(
-                best,
-                best_worker,
-                best_expected,
-                f"cheapest active variant meeting accuracy>={min_accuracy:g} and "
-                f"latency<={budget:g} ms, queue included; least-loaded worker running it",
-            )
+        return walk
 
-        # Inactive (or only Overloaded/Interfered): a new instance must be loaded first, so the
-        # load latency counts against the budget. The table is in the order of the key
-        # (load + inference latency, cost, id): without cold starts to count, the first eligible
-        # one within budget is the min. A Lambda placement with no idle container adds the
-        # tier's cold start: the search goes on while a later variant could still be quicker
-        # (its load + inference under the best expected latency so far). A variant whose load +
-        # inference meets the budget is still served when only a cold start breaks it: the
-        # quickest of them, late (a cold start is a transient; refusing would not make it faster).
+    def _consider_instance(
+        self,
+        walk: _LiveWalk,
+        targets: QueryTargets,
+        budget: float,
+        lambda_tier: LambdaTierState | None,
+        worker: WorkerState,
+        on_lambda: bool,
+        instance: InstanceStats,
+        scored: Scored,
+        tuned: _Tuned,
+    ) -> None:
+        """Rank a live instance that meets the targets, its queue aside: into ``walk``'s best when
+        its queue meets the budget too; aside, a late answer, when its queue or overload breaks it."""
+        latency, cost, scale, concurrency = tuned
+        queued = instance.queue_length
+        expected = latency
+        # The Lambda tier's queue is its busy containers: an Active instance there has an idle
+        # container holding it, and busy ones delay it no more than another worker's queue
+        # delays a worker's instance.
+        if queued > 0 and not on_lambda:
+            expected += queue_wait_ms(scored.variant, queued, instance.batch_limit, scale, concurrency)
+        if instance.state is InstanceState.OVERLOADED:
+            # Skipped (INFaaS), unless nothing meets the budget and nothing new can start
+            # (``_late_answer``): then its queue is the quickest way to an answer.
+            late = _Late(expected, worker.worker_id, scored, worker)
+            if _quicker(late, walk.overloaded):
+                walk.overloaded = late
+            return
+        if not expected <= budget:  # its queue (its profiled latency meets the budget)
+            late = _Late(expected, worker.worker_id, scored, worker)
+            if _quicker(late, walk.queued):
+                walk.queued = late
+            return
+        if on_lambda and not self._is_lambda(scored.variant.pool):
+            # A worker variant spilled to the Lambda tier runs at Lambda's price there.
+            cost = self._lambda_cost(scored.variant, targets.batch)
+        # Among equal instances, the shortest queue (the gateway lays its own queries in flight
+        # over the reports), then the least-utilised worker.
+        cold_risk = (
+            on_lambda and lambda_tier is not None and budget < lambda_tier.cold_start_ms + scored.cold_ms
+        )
+        agreement = -(scored.variant.agreement or 0.0)  # equal otherwise: closer to the original
+        key = (cold_risk, cost, latency, queued, agreement, worker.utilisation, worker.worker_id)
+        if walk.best_key is None or key < walk.best_key:
+            walk.best, walk.best_worker, walk.best_key, walk.best_expected = scored, worker, key, expected
+
+    def _quickest_new_instance(
+        self,
+        targets: QueryTargets,
+        table: BatchTable,
+        workers: Sequence[WorkerState],
+        lambda_tier: LambdaTierState | None,
+        budget: float,
+    ) -> Decision | None:
+        """Inactive (or only Overloaded/Interfered): a new instance must be loaded first, so the
+        load latency counts against the budget. The table is in the order of the key (load +
+        inference latency, cost, id): without cold starts to count, the first eligible one within
+        budget is the min. A Lambda placement with no idle container adds the tier's cold start:
+        the search goes on while a later variant could still be quicker (its load + inference
+        under the best expected latency so far). A variant whose load + inference meets the budget
+        is still served when only a cold start breaks it: the quickest of them, late (a cold start
+        is a transient; refusing would not make it faster)."""
         chosen: Decision | None = None
         for scored in table.by_cold:
             if not scored.cold_ms <= budget or (
@@ -473,61 +540,21 @@ class InfaasPolicy:
             ):
                 break
             variant = scored.variant
-            if variant.accuracy >= min_accuracy and (model_name is None or variant.model_name == model_name):
-                placed = self._place(
-                    variant,
-                    workers,
-                    "no active variant meets the targets; "
-                    "inactive variant with the lowest load+inference latency",
-                    scored.cold_ms,
-                )
-                if placed is None:
-                    continue
-                if (
-                    placed.tier is Tier.LAMBDA
-                    and lambda_tier is not None
-                    and not lambda_tier.has_idle(variant)
-                ):
-                    expected = placed.expected_latency_ms + lambda_tier.cold_start_ms
-                    if chosen is not None and not expected < chosen.expected_latency_ms:
-                        continue
-                    placed = dataclasses.replace(
-                        placed,
-                        expected_latency_ms=expected,
-                        reason=f"{placed.reason}; no idle Lambda container: a cold start "
-                        f"(~{lambda_tier.cold_start_ms:.0f} ms) counted"
-                        if math.isfinite(lambda_tier.cold_start_ms)
-                        else f"{placed.reason}; but no Lambda tier is configured",
-                    )
-                if chosen is None or placed.expected_latency_ms < chosen.expected_latency_ms:
-                    chosen = placed
-        # Stuck: nothing new can start in time: no placement at all, or only one on a Lambda tier
-        # at its concurrency limit (it would wait for a busy container, for as long as that runs).
-        stuck = chosen is None or (
-            not chosen.expected_latency_ms <= budget
-            and chosen.tier is Tier.LAMBDA
-            and lambda_tier is not None
-            and lambda_tier.full
-        )
-        late_out = queued_out
-        if overloaded_out is not None and stuck and (late_out is None or overloaded_out[:2] < late_out[:2]):
-            late_out = overloaded_out
-        if late_out is not None and (stuck or chosen is None or late_out[0] < chosen.expected_latency_ms):
-            # Nothing meets the budget now: every instance that meets the targets is queued past
-            # it (or, when nothing new can start, Overloaded), and a new one would answer later
-            # still: the quickest of them, late (a queue is a transient: a refusal would name a
-            # variant that meets the targets once its queue has drained).
-            expected, _, scored, worker = late_out
-            return self._active(
-                scored,
-                worker,
-                expected,
-                f"no variant meeting accuracy>={min_accuracy:g} and latency<={budget:g} ms answers within "
-                f"the budget now (queued past it, overloaded or cold): the quickest, late",
+            if not _eligible_by_accuracy(variant, targets):
+                continue
+            placed = self._place(
+                variant,
+                workers,
+                "no active variant meets the targets; "
+                "inactive variant with the lowest load+inference latency",
+                scored.cold_ms,
             )
-        if chosen is not None:
-            return chosen
-        raise unreachable_error(targets, candidates)
+            if placed is None:
+                continue
+            placed = _counting_a_cold_start(placed, lambda_tier)
+            if chosen is None or placed.expected_latency_ms < chosen.expected_latency_ms:
+                chosen = placed
+        return chosen
 
     def _active(self, scored: Scored, worker: WorkerState, expected: float, reason: str) -> Decision:
         """The decision for a live instance of ``scored`` on ``worker``, expected in ``expected``
@@ -551,7 +578,8 @@ class InfaasPolicy:
         """After a miss: the variant that would meet the targets were it loaded, and where to
         load it, so that the next such query finds it Active. None if none would."""
         budget = _budget(targets)
-        fits = [v for v in _eligible(targets, candidates) if v.latency_ms(targets.batch) <= budget]
+        eligible = _eligible(targets, candidates, self._tolerance)
+        fits = [v for v in eligible if v.latency_ms(targets.batch) <= budget]
         if not fits:
             return None
         for variant in sorted(
@@ -625,6 +653,64 @@ def _budget(targets: QueryTargets) -> float:
     return targets.latency_ms if targets.latency_ms is not None else math.inf
 
 
+def _as_tuned(scored: Scored, instance: InstanceStats) -> _Tuned:
+    """A live instance's latency and cost as its worker measured them (``tuned_scale``), with the
+    scale and its concurrent runs: applied per live instance, as the tables hold the profiles."""
+    latency, cost = scored.latency_ms, scored.cost
+    scale, concurrency = tuned_scale(instance)
+    if scale != 1.0:
+        latency *= scale
+        cost = scored.variant.price_per_second * latency / 1000.0 + scored.variant.request_price
+    return latency, cost, scale, concurrency
+
+
+def _eligible_by_accuracy(variant: VariantProfile, targets: QueryTargets) -> bool:
+    """Whether ``variant`` meets the targets' accuracy and model (checked again: lists aren't trusted)."""
+    return variant.accuracy >= targets.min_accuracy and (
+        targets.model_name is None or variant.model_name == targets.model_name
+    )
+
+
+def _counting_a_cold_start(placed: Decision, lambda_tier: LambdaTierState | None) -> Decision:
+    """``placed`` with the Lambda tier's cold start counted when the tier has no idle container
+    for it (a worker's new instance never starts cold; a tier that cannot say is taken as warm)."""
+    if placed.tier is not Tier.LAMBDA or lambda_tier is None or lambda_tier.has_idle(placed.variant):
+        return placed
+    cold_start_ms = lambda_tier.cold_start_ms
+    return dataclasses.replace(
+        placed,
+        expected_latency_ms=placed.expected_latency_ms + cold_start_ms,
+        reason=f"{placed.reason}; no idle Lambda container: a cold start (~{cold_start_ms:.0f} ms) counted"
+        if math.isfinite(cold_start_ms)
+        else f"{placed.reason}; but no Lambda tier is configured",
+    )
+
+
+def _none_starts_in_time(chosen: Decision | None, lambda_tier: LambdaTierState | None, budget: float) -> bool:
+    """Stuck: no placement at all, or only one on a Lambda tier at its concurrency limit that
+    misses the budget (it would wait for a busy container, for as long as that runs)."""
+    return chosen is None or (
+        not chosen.expected_latency_ms <= budget
+        and chosen.tier is Tier.LAMBDA
+        and lambda_tier is not None
+        and lambda_tier.full
+    )
+
+
+def _late_answer(
+    walk: _LiveWalk, chosen: Decision | None, lambda_tier: LambdaTierState | None, budget: float
+) -> _Late | None:
+    """The live instance to answer from, late: the quickest queued past the budget (Overloaded
+    too when nothing new starts in time), if it answers before ``chosen`` or nothing new can."""
+    stuck = _none_starts_in_time(chosen, lambda_tier, budget)
+    late = walk.queued
+    if walk.overloaded is not None and stuck and _quicker(walk.overloaded, late):
+        late = walk.overloaded
+    if late is not None and (stuck or chosen is None or late.expected_ms < chosen.expected_latency_ms):
+        return late
+    return None
+
+
 def needs_warming(decision: Decision, targets: QueryTargets) -> bool:
     """Whether a served query should still start a warm-up (``SelectionPolicy.warmup``): it goes,
     late, to a worker's queue because nothing meets its budget now. Only a refusal used to warm
@@ -634,8 +720,10 @@ def needs_warming(decision: Decision, targets: QueryTargets) -> bool:
     return decision.tier is Tier.WORKER and decision.expected_latency_ms > _budget(targets)
 
 
-def _eligible(targets: QueryTargets, candidates: Sequence[VariantProfile]) -> list[VariantProfile]:
-    return [v for v in for_targets(candidates, targets) if v.max_batch >= targets.batch]
+def _eligible(
+    targets: QueryTargets, candidates: Sequence[VariantProfile], accuracy_tolerance: float | None = None
+) -> list[VariantProfile]:
+    return [v for v in for_targets(candidates, targets, accuracy_tolerance) if v.max_batch >= targets.batch]
 
 
 def closest_variant(targets: QueryTargets, variants: Sequence[VariantProfile]) -> VariantProfile | None:

@@ -7,6 +7,7 @@ bytes and no store ever unpickles anything.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -129,7 +130,7 @@ class ModelRecord:
     ``input_name``/``input_shape``/``input_dtype`` describe the first input; ``inputs`` lists every
     input (empty in records written before models could take several: then the first is all).
     A batch for a one-input model is an array [batch, *shape]; for a model with several inputs it
-    is a numpy structured array [batch] with one field per input (see ``modelless.tensors``).
+    is a numpy structured array [batch] with one field per input (see ``modelless.inputs.tensors``).
     """
 
     app_id: str
@@ -225,7 +226,7 @@ class WorkerState:
     free_slots: int  # how many more variant instances it can load
     reported_at: float
     instances: tuple[InstanceStats, ...] = ()
-    # Offline batch work (DESIGN §6) is recorded apart from online queries: its share of the
+    # Offline batch work (docs/ARCHITECTURE.md §6) is recorded apart from online queries: its share of the
     # worker's compute (already part of ``utilisation``), and the worst online instance's p99
     # latency over its profile (queueing included: what offline work would make online queries
     # wait). The offline throttle judges a worker on these two.
@@ -331,3 +332,26 @@ class OfflineJob:
         data = json.loads(raw)
         data["status"] = JobStatus(data["status"])
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class LambdaTierState:
+    """What a Lambda tier that sees its containers tells selection, besides the variants warm
+    and idle in some container (its ``WorkerState``: those are its Active instances; a variant
+    whose every container is busy is Overloaded there).
+
+    ``idle_by_memory``: idle containers per memory size (MB; a container serves one size, as a
+    Lambda function has one): a query there pays its variant's load at most, no process start.
+    ``cold_start_ms``: what starting a new container is expected to take before the variant's
+    load (the tier's measured mean). ``full``: every container the tier may run is busy or
+    starting (its concurrency limit): no cold start is on offer, a query there waits for a
+    container to finish."""
+
+    idle_by_memory: Mapping[int, int]
+    default_memory_mb: int
+    cold_start_ms: float
+    full: bool = False
+
+    def has_idle(self, variant: VariantProfile) -> bool:
+        """Whether a query for ``variant`` would find an idle container (no cold start)."""
+        return self.idle_by_memory.get(variant.memory_mb or self.default_memory_mb, 0) > 0

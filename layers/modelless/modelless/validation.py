@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from modelless.archives import UNREADABLE, open_zip, read_npz_members
 from modelless.config import VALSET_UNPACK_FACTOR
 from modelless.exceptions import InvalidInputError, InvalidModelError, PayloadTooLargeError, first_line
-from modelless.tensors import from_feeds
+from modelless.inputs.archives import UNREADABLE, open_zip, read_npz_members
+from modelless.inputs.tensors import from_feeds
 from modelless.types import TensorSpec
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def inspect_model(source: bytes | Path, max_bytes: int, setting: str = MAX_MODEL
 
 def load_model(source: bytes | Path, check: bool = True) -> onnx.ModelProto:
     """The ONNX model in ``source``, checked unless ``check`` is False (a model whose external
-    data is not loaded yet: ``modelless.ingest`` loads it, then calls ``check_model``)."""
+    data is not loaded yet: ``modelless.registration.ingest`` loads it, then calls ``check_model``)."""
     # Here, not at the top: only registration inspects models, and the functions that never do
     # (the offline function, the Lambda tier) leave onnx out of their packages.
     import onnx
@@ -153,7 +153,7 @@ def model_signature(model: onnx.ModelProto) -> ModelSignature:
             )
         if dims[0] > 0:
             # A model whose every input and output fixes the batch size is made dynamic by
-            # modelless.ingest; one that fixes it on some inputs only cannot be guessed right.
+            # modelless.registration.ingest; one that fixes it on some inputs only cannot be guessed right.
             raise InvalidModelError(
                 f"model input {value.name!r} fixes the batch dimension at {dims[0]}; re-export with "
                 f"dynamic_axes={{{value.name!r}: {{0: 'batch'}}}} (or dynamic_shapes)",
@@ -216,7 +216,7 @@ def load_valset(
 ) -> tuple[np.ndarray, np.ndarray]:
     """A ``.npz`` with integer ``labels`` [N] and the model's inputs: ``inputs`` (or the input's
     own name) for a one-input model, one array per input name for several. Returns the batch
-    (``modelless.tensors``: a plain array for one input, a structured one for several) and the
+    (``modelless.inputs.tensors``: a plain array for one input, a structured one for several) and the
     labels."""
     valset = read_valset(source, signature, max_bytes, setting, max_unpacked_bytes)
     return valset.batch(signature), valset.labels

@@ -35,8 +35,8 @@ from modelless.exceptions import (
     UnsupportedMediaTypeError,
     first_line,
 )
-from modelless.metadata.redis import UNREACHABLE_ERRORS
-from modelless.observability import logger
+from modelless.metadata.factory import unreachable_errors
+from modelless.observability.metrics import logger
 
 CORRELATION_HEADER = "X-Correlation-Id"
 
@@ -61,6 +61,14 @@ def create_app(services: Services) -> FastAPI:
         lifespan=_lifespan,
     )
     app.state.services = services
+    _include_routers(app)
+    document_errors(app)  # the OpenAPI document lists each operation's real errors, in this shape
+    _add_middleware(app, services)
+    _add_error_handlers(app)
+    return app
+
+
+def _include_routers(app: FastAPI) -> None:
     for router in (
         apps.router,
         models.router,
@@ -73,8 +81,10 @@ def create_app(services: Services) -> FastAPI:
         dashboard.router,
     ):
         app.include_router(router)
-    document_errors(app)  # the OpenAPI document lists each operation's real errors, in this shape
 
+
+def _add_middleware(app: FastAPI, services: Services) -> None:
+    """The middleware, innermost first (each one added wraps those before it)."""
     app.add_middleware(
         BodyLimitMiddleware,
         limit_for_path=lambda path: _body_limit(services, path),
@@ -84,55 +94,65 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(CorrelationMiddleware)  # outermost: error replies carry the id too
 
-    @app.exception_handler(ModellessError)
-    async def domain_error(_: Request, error: ModellessError) -> JSONResponse:
-        if isinstance(error, ServiceUnavailableError):
-            # Retryable and expected while a part heals (a store outage answers every request
-            # so): a warning, not an error per request; the failing part logs its own outage.
-            logger.warning("request refused for now", extra={"error": error.to_dict()})
-        elif error.status_code >= 500:
-            logger.error("request failed", extra={"error": error.to_dict()})
-        return _error_response(error)
 
+def _add_error_handlers(app: FastAPI) -> None:
+    """Domain errors, the framework's own and refused request bodies, all in the API's shape."""
+    app.exception_handler(ModellessError)(_domain_error)
+
+    # A closure: a 405's Allow asks the routes of this very app.
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        # Raised by the framework itself (unknown route, unparsable multipart, wrong method):
-        # answered in the same shape as every other error.
-        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "bad_request")
-        headers = dict(getattr(error, "headers", None) or {})
-        message = str(error.detail)
-        if error.status_code == 405:
-            # Starlette's Allow names the methods of the first route matching the path only; a
-            # path served by several (GET and POST /v1/pipelines) has them all.
-            allowed = allowed_methods(app, request.scope)
-            headers["Allow"] = ", ".join(allowed)
-            message = f"{request.method} is not allowed on {request.url.path}; it allows {', '.join(allowed)}"
-        return JSONResponse(
-            status_code=error.status_code,
-            content={"error": {"code": code, "message": message}},
-            headers=headers or None,
-        )
+        return _framework_error_response(app, request, error)
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        if _body_not_read_as_json(error):
-            return _error_response(_not_json(request.headers.get("content-type")))
-        problems = [
-            f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', 'invalid')}"
-            for item in error.errors()
-        ]
-        return JSONResponse(
-            status_code=400,
-            content={
-                "error": {
-                    "code": "bad_request",
-                    "message": "; ".join(problems),
-                    "details": {"problems": problems},
-                }
-            },
-        )
+    app.exception_handler(RequestValidationError)(_validation_error)
 
-    return app
+
+async def _domain_error(_: Request, error: ModellessError) -> JSONResponse:
+    if isinstance(error, ServiceUnavailableError):
+        # Retryable and expected while a part heals (a store outage answers every request
+        # so): a warning, not an error per request; the failing part logs its own outage.
+        logger.warning("request refused for now", extra={"error": error.to_dict()})
+    elif error.status_code >= 500:
+        logger.error("request failed", extra={"error": error.to_dict()})
+    return _error_response(error)
+
+
+def _framework_error_response(app: FastAPI, request: Request, error: StarletteHTTPException) -> JSONResponse:
+    # Raised by the framework itself (unknown route, unparsable multipart, wrong method):
+    # answered in the same shape as every other error.
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "bad_request")
+    headers = dict(getattr(error, "headers", None) or {})
+    message = str(error.detail)
+    if error.status_code == 405:
+        # Starlette's Allow names the methods of the first route matching the path only; a
+        # path served by several (GET and POST /v1/pipelines) has them all.
+        allowed = allowed_methods(app, request.scope)
+        headers["Allow"] = ", ".join(allowed)
+        message = f"{request.method} is not allowed on {request.url.path}; it allows {', '.join(allowed)}"
+    return JSONResponse(
+        status_code=error.status_code,
+        content={"error": {"code": code, "message": message}},
+        headers=headers or None,
+    )
+
+
+async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    if _body_not_read_as_json(error):
+        return _error_response(_not_json(request.headers.get("content-type")))
+    problems = [
+        f"{'.'.join(str(p) for p in item.get('loc', ()))}: {item.get('msg', 'invalid')}"
+        for item in error.errors()
+    ]
+    return JSONResponse(
+        status_code=400,
+        content={
+            "error": {
+                "code": "bad_request",
+                "message": "; ".join(problems),
+                "details": {"problems": problems},
+            }
+        },
+    )
 
 
 class CorrelationMiddleware:
@@ -202,7 +222,7 @@ class UnexpectedErrorMiddleware:
 
 
 def _unexpected_error_response(error: Exception, scope: Scope) -> JSONResponse:
-    if isinstance(error, UNREACHABLE_ERRORS):
+    if isinstance(error, unreachable_errors()):
         message = f"the metadata store does not answer ({first_line(error)}); try again shortly"
         return _error_response(StoreUnavailableError(message))
     correlation_id = scope.get("state", {}).get("correlation_id", "")

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from modelless.api.services import Services
 from modelless.exceptions import IdempotencyConflictError, InvalidInputError, ServiceUnavailableError
 from modelless.metadata.base import IdempotentRequest, MetadataStore
-from modelless.observability import logger
+from modelless.observability.metrics import logger
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # Set on a reply that is a repeat of the first call's.

@@ -2,7 +2,7 @@
 every one of them in the API's one error shape (``ErrorResponse``).
 
 FastAPI on its own lists a 422 ``HTTPValidationError`` for every operation with parameters or a
-body; this API answers a malformed request 400 in its own shape (``app.validation_error``), and
+body; this API answers a malformed request 400 in its own shape (``app._validation_error``), and
 422 only for a query whose targets no variant meets. ``document_errors`` drops FastAPI's 422
 where an operation does not list one of its own, and lists what the app answers before any route:
 a 400 for a repeated query parameter, a 415 for a JSON body sent as another content type.

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from modelless.numbers import Accuracy, LatencyMs
-from modelless.profile_import import PROFILE_SCHEMA
+from modelless.registration.profile_import import PROFILE_SCHEMA
 from modelless.validation import NAME_SCHEMA
 
 # A number as JSON writes one: what a query string's value must look like to be read as a number.

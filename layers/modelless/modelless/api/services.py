@@ -7,17 +7,17 @@ from dataclasses import dataclass, field
 
 from modelless.auth import ApiKeys
 from modelless.cache import open_cached_predictions
+from modelless.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.config import Settings, get_settings
 from modelless.dispatch import Dispatcher
+from modelless.feedback.factory import feedback_store_for
 from modelless.feedback.service import FeedbackService
-from modelless.feedback.store import feedback_store_for
 from modelless.metadata import MetadataStore, open_metadata_store
 from modelless.offline.service import OfflineService
+from modelless.pipelines.factory import pipeline_store_for
 from modelless.pipelines.service import PipelineService
-from modelless.pipelines.store import pipeline_store_for
-from modelless.pools.catalog import DEFAULT_POOLS, PoolSpec
 from modelless.pools.invokers import AwsLambdaInvoker, HttpWorkerInvoker, LambdaInvoker
-from modelless.registration import LambdaRegistrationLauncher, RegistrationService
+from modelless.registration.service import LambdaRegistrationLauncher, RegistrationService
 from modelless.repository import ModelRepository, open_repository
 from modelless.selection import InfaasPolicy
 from modelless.types import WorkerState
@@ -31,7 +31,7 @@ class Services:
     dispatcher: Dispatcher
     registrar: RegistrationService
     pools: Mapping[str, PoolSpec]
-    offline: OfflineService | None = None  # offline jobs (DESIGN §6)
+    offline: OfflineService | None = None  # offline jobs (docs/ARCHITECTURE.md §6)
     keys: ApiKeys = field(init=False)  # callers' API keys, looked up in the store
     feedback: FeedbackService = field(init=False)  # apps' selection policies, and their feedback
     pipelines: PipelineService = field(init=False)  # apps' pipelines of models (InferLine)
@@ -68,7 +68,7 @@ def build_services(
         lambda_tier = AwsLambdaInvoker(settings.lambda_function)
     dispatcher = Dispatcher(
         store,
-        InfaasPolicy(pools),
+        InfaasPolicy(pools, settings.accuracy_tolerance),
         HttpWorkerInvoker(),
         lambda_tier,
         cache_ttl_s=settings.profile_cache_ttl_s,

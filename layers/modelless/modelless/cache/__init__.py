@@ -2,10 +2,11 @@
 
 ``base`` holds the backend interface, the keys and the digests; ``memory`` and ``redis`` are the
 two backends; ``predictions`` is what queries and offline jobs use (``CachedPredictions``).
-``open_prediction_cache`` picks a backend from the settings.
+``factory.open_prediction_cache`` picks a backend from the settings.
 """
 
-from modelless.cache.base import CacheStats, PredictionCache, open_prediction_cache
+from modelless.cache.base import CacheStats, PredictionCache
+from modelless.cache.factory import open_prediction_cache
 from modelless.cache.predictions import CachedPredictions, CacheHit, open_cached_predictions
 
 __all__ = [

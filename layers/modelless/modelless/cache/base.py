@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from modelless.config import Settings
+    pass
 
 # A digest of 16 bytes (of SHA-256, which CPUs with SHA extensions hash at over 1 GB/s: about
 # twice BLAKE2b's speed here on a 224x224x3 float32 row): collisions are out of reach for any
@@ -97,21 +97,3 @@ def row_digests(inputs: np.ndarray) -> list[str]:
 def entry_key(app_id: str, model_name: str, generation: str, digest: str) -> str:
     """The cache key of one row for one model (names are checked: letters, digits, ``_.-``)."""
     return f"{app_id}/{model_name}/{generation}/{digest}"
-
-
-def open_prediction_cache(settings: Settings) -> PredictionCache | None:
-    """The backend ``settings`` choose, or None when the cache is off: ``prediction_cache_url``,
-    else the metadata store's URL (``memory://`` -> this process; ``redis://`` -> that Redis,
-    shared by every gateway and offline runner that uses it)."""
-    if not settings.prediction_cache_enabled or settings.prediction_cache_max_bytes <= 0:
-        return None
-    url = settings.prediction_cache_url or settings.metadata_url
-    if url.startswith("memory://"):
-        from modelless.cache.memory import InMemoryPredictionCache
-
-        return InMemoryPredictionCache(settings.prediction_cache_max_bytes)
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from modelless.cache.redis import RedisPredictionCache
-
-        return RedisPredictionCache.from_url(url, settings.prediction_cache_max_bytes)
-    raise ValueError(f"unsupported prediction cache URL {url!r}: use memory:// or redis://")

@@ -32,9 +32,9 @@ from modelless.cache.base import (
     PredictionCache,
     entry_key,
     entry_size,
-    open_prediction_cache,
     row_digests,
 )
+from modelless.cache.factory import open_prediction_cache
 
 if TYPE_CHECKING:
     from modelless.config import Settings

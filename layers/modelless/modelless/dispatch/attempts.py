@@ -11,7 +11,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from modelless.exceptions import (
     WorkerUnreachableError,
 )
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
-from modelless.runtime import invocation_payload
+from modelless.serving.invocation import Invocation, Reply
 from modelless.types import Decision, InstanceState, QueryTargets, Tier
 
 # Never wait on compute for longer than this, whatever the budget: a query fails, it never hangs.
@@ -124,7 +123,7 @@ class Attempts:
         query_id: str,
         decision: Decision,
         started: float,
-    ) -> tuple[dict[str, Any], Decision]:
+    ) -> tuple[Reply, Decision]:
         """Run the query where ``decision`` says; the reply, and the decision that served it.
         ``started``: when the query arrived (``time.perf_counter()``), where its budget starts.
 
@@ -150,9 +149,9 @@ class Attempts:
                     + ": no time left to try elsewhere",
                     attempts=failures,
                 )
-            payload = invocation_payload(decision.variant, inputs, query_id, clock.budget_left_ms(now))
+            invocation = Invocation(decision.variant, inputs, query_id, clock.budget_left_ms(now))
             try:
-                return self.run(decision, payload, timeout_s), decision
+                return self.run(decision, invocation, timeout_s), decision
             except ServiceUnavailableError as error:
                 if on_lambda_tier(decision) and self._lambda is None:
                     raise  # selection found no room anywhere else: there is nowhere to retry
@@ -228,19 +227,19 @@ class Attempts:
             "no other live instance meets what is left of the budget: the Lambda tier",
         )
 
-    def run(self, decision: Decision, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """One attempt: ``payload`` where ``decision`` says, within ``timeout_s``; counted as in
-        flight on the worker's instance meanwhile, and a variant it loaded remembered."""
+    def run(self, decision: Decision, invocation: Invocation, timeout_s: float) -> Reply:
+        """One attempt: ``invocation`` where ``decision`` says, within ``timeout_s``; counted as
+        in flight on the worker's instance meanwhile, and a variant it loaded remembered."""
         address = decision.worker_address
         if decision.tier is Tier.LAMBDA or address is None:
-            return self._invoke_lambda(payload, timeout_s)
+            return self._invoke_lambda(invocation, timeout_s)
         with self._live_view.in_flight(decision.worker_id or address, decision.variant.variant_id):
-            body = self._workers.invoke(address, payload, timeout_s)
+            reply = self._workers.invoke(address, invocation, timeout_s)
         if decision.state is InstanceState.INACTIVE and decision.worker_id is not None:
             self._live_view.loaded(decision.worker_id, decision.variant.variant_id)
-        return body
+        return reply
 
-    def _invoke_lambda(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def _invoke_lambda(self, invocation: Invocation, timeout_s: float) -> Reply:
         if self._lambda is None:
             raise ServiceUnavailableError("no Lambda tier is configured and no worker has room")
-        return self._lambda.invoke(payload, timeout_s)
+        return self._lambda.invoke(invocation, timeout_s)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from modelless.config import STALE_CACHE_MAX_AGE_S
 from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.base import MetadataStore
-from modelless.monitoring import OVERLOADED_QUEUE, saturated_queue
+from modelless.serving.monitoring import OVERLOADED_QUEUE, saturated_queue
 from modelless.types import InstanceState, InstanceStats, WorkerState
 
 # How long a load this dispatcher made counts as Active before the worker's own report shows it.

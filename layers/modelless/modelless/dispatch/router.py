@@ -28,17 +28,24 @@ from modelless.exceptions import NotFoundError, NotReadyError, StoreUnavailableE
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker, WorkerInvoker
 from modelless.query_load import QueryLoadCounter, group_of
-from modelless.runtime import outputs_of, warmup_payload
 from modelless.selection import (
     NO_LAMBDA_TIER,
     Candidates,
-    LambdaTierState,
     SelectionPolicy,
     needs_warming,
     unreachable_error,
 )
+from modelless.serving.runtime import warmup_invocation
 from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, RETRIED, TIER, VARIANT, WORKER, enabled, span
-from modelless.types import Decision, InstanceState, QueryTargets, Tier, VariantProfile, WorkerState
+from modelless.types import (
+    Decision,
+    InstanceState,
+    LambdaTierState,
+    QueryTargets,
+    Tier,
+    VariantProfile,
+    WorkerState,
+)
 
 logger = Logger(service="gateway", child=True)
 
@@ -171,11 +178,13 @@ class Dispatcher:
         if variant.variant_id in self._warming:
             return
         self._warming.add(variant.variant_id)
-        payload = warmup_payload(variant, self.profiles.input_contract(variant.app_id, variant.model_name))
+        invocation = warmup_invocation(
+            variant, self.profiles.input_contract(variant.app_id, variant.model_name)
+        )
 
         def load() -> None:
             try:
-                self.attempts.run(decision, payload, MAX_INVOKE_TIMEOUT_S)
+                self.attempts.run(decision, invocation, MAX_INVOKE_TIMEOUT_S)
             except Exception:
                 logger.exception("warm-up failed", extra={"variant": variant.variant_id})
             finally:
@@ -204,6 +213,19 @@ class Dispatcher:
             raise NotReadyError(f"the models of app {targets.app_id!r} are still being profiled")
         raise unreachable_error(targets, everything)
 
+    def _traced_selection(self, targets: QueryTargets) -> Decision:
+        with span("modelless.selection", {APP: targets.app_id}) as selection:
+            decision = self.select(targets)
+            if enabled():  # the attributes are gathered only where a span records them
+                selection.set_attributes(
+                    {
+                        MODEL: decision.variant.model_name,
+                        VARIANT: decision.variant.variant_id,
+                        TIER: decision.tier.value,
+                    }
+                )
+        return decision
+
     def online_query(
         self,
         targets: QueryTargets,
@@ -230,20 +252,11 @@ class Dispatcher:
         cache_ms = {} if self.cache is None else {"cache_ms": (selecting - looking) * 1000}
         if isinstance(cached, Answered):
             return self._cached_result(cached, query_id, cache_ms["cache_ms"], started, decode_ms, received)
-        with span("modelless.selection", {APP: targets.app_id}) as selection:
-            decision = self.select(targets)
-            if enabled():  # the attributes are gathered only where a span records them
-                selection.set_attributes(
-                    {
-                        MODEL: decision.variant.model_name,
-                        VARIANT: decision.variant.variant_id,
-                        TIER: decision.tier.value,
-                    }
-                )
+        decision = self._traced_selection(targets)
         selected = time.perf_counter()
         self._count_query(targets)
         with span("modelless.dispatch", {APP: targets.app_id}) as dispatch:
-            body, served = self.attempts.serve(targets, inputs, query_id, decision, started)
+            reply, served = self.attempts.serve(targets, inputs, query_id, decision, started)
             if enabled():  # where it ran (a retry may have moved it), and the worker's own times
                 dispatch.set_attributes(
                     {
@@ -252,30 +265,24 @@ class Dispatcher:
                         TIER: served.tier.value,
                         WORKER: served.worker_id or "",
                         RETRIED: served is not decision,
-                        COLD_START: bool(body.get("cold_start", False)),
-                        "modelless.queue_ms": float(body["queue_ms"]),
-                        "modelless.load_ms": float(body["load_ms"]),
-                        "modelless.inference_ms": float(body["inference_ms"]),
+                        COLD_START: reply.cold_start,
+                        "modelless.queue_ms": reply.queue_ms,
+                        "modelless.load_ms": reply.load_ms,
+                        "modelless.inference_ms": reply.inference_ms,
                     }
                 )
         finished = time.perf_counter()
-        compute_ms = (
-            float(body["queue_ms"])
-            + float(body["inference_ms"])
-            + float(body["load_ms"])
-            + float(body.get("init_ms", 0.0))
-        )
-        outputs = outputs_of(body)
+        outputs = reply.outputs
         if self.cache is not None and isinstance(cached, Pending):
             self.cache.remember(cached, served.variant, outputs)
         timings = {
             **cache_ms,
             "selection_ms": (selected - selecting) * 1000,
-            "queue_ms": float(body["queue_ms"]),
-            "load_ms": float(body["load_ms"]),
-            "cold_start_ms": float(body.get("init_ms", 0.0)),
-            "inference_ms": float(body["inference_ms"]),
-            "transport_ms": max(0.0, (finished - selected) * 1000 - compute_ms),
+            "queue_ms": reply.queue_ms,
+            "load_ms": reply.load_ms,
+            "cold_start_ms": reply.init_ms,
+            "inference_ms": reply.inference_ms,
+            "transport_ms": max(0.0, (finished - selected) * 1000 - reply.total_ms),
             "total_ms": (finished - started) * 1000,
         }
         if decode_ms is not None:
@@ -288,7 +295,7 @@ class Dispatcher:
             tier=served.tier,
             worker_id=served.worker_id if served.tier is Tier.WORKER else None,
             timings_ms={k: round(v, 3) for k, v in timings.items()},
-            cold_start=bool(body.get("cold_start", False)),
+            cold_start=reply.cold_start,
             retried=served is not decision,
             query_id=query_id,
         )

@@ -1,10 +1,11 @@
 """The Lambda tier (``functions/cpu_worker``): runs one variant on the CPU with onnxruntime.
 
-Event: ``{"variant_id", "variant": <profile JSON>, "memory_mb", "inputs_npy_b64", "correlation_id"}``
-(``modelless.runtime.invocation_payload`` in its JSON form: ``modelless.wire.to_json_message``).
- The variant is fetched from the model repository into
-the cache directory once per container. The first reply of a container says so (``cold_start``)
-with the container's init time (``init_ms``), which the gateway adds to the query's timings.
+Event: an ``Invocation`` (``modelless.serving.invocation``) in its JSON form (``modelless.serving.wire``:
+``{"version", "variant_id", "variant": <profile JSON>, "memory_mb", "inputs_npy_b64", ...}``); the
+reply, its ``Reply`` in the same form with a ``statusCode``. The variant is fetched from the model
+repository into the cache directory once per container. The first reply of a container says so
+(``cold_start``) with the container's init time (``init_ms``), which the gateway adds to the
+query's timings.
 
 Kept light: no metadata store, no HTTP client (onnxruntime itself is imported on the first
 variant load).
@@ -12,6 +13,7 @@ variant load).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -21,8 +23,9 @@ from modelless.config import Settings
 from modelless.exceptions import ModellessError
 from modelless.lambda_events import InvocationEvent, container_init_ms
 from modelless.repository import open_repository
-from modelless.runtime import VariantRuntime
-from modelless.wire import to_json_message
+from modelless.serving.invocation import Invocation
+from modelless.serving.runtime import VariantRuntime
+from modelless.serving.wire import to_json_message
 
 logger = Logger(service="cpu_worker")
 metrics = Metrics(namespace="Modelless", service="cpu_worker")
@@ -50,18 +53,13 @@ class CpuWorker:
     def handle(self, event: InvocationEvent) -> dict[str, Any]:
         cold, self._cold = self._cold, False
         try:
-            result = self.runtime.handle_invocation(event.payload)
+            reply = self.runtime.serve(Invocation.from_message(event.payload))
         except ModellessError as error:
             logger.warning("invocation refused", extra={"error": error.to_dict()})
             return {"statusCode": error.status_code, "error": error.to_dict()}
         metrics.add_dimension(name="variant", value=event.variant_id)
-        metrics.add_metric(
-            name="InferenceLatency", unit=MetricUnit.Milliseconds, value=result["inference_ms"]
-        )
-        if result["load_ms"]:
-            metrics.add_metric(
-                name="VariantLoadLatency", unit=MetricUnit.Milliseconds, value=result["load_ms"]
-            )
-        return to_json_message(
-            {"statusCode": 200, **result, "cold_start": cold, "init_ms": self.init_ms if cold else 0.0}
-        )
+        metrics.add_metric(name="InferenceLatency", unit=MetricUnit.Milliseconds, value=reply.inference_ms)
+        if reply.load_ms:
+            metrics.add_metric(name="VariantLoadLatency", unit=MetricUnit.Milliseconds, value=reply.load_ms)
+        reply = dataclasses.replace(reply, cold_start=cold, init_ms=self.init_ms if cold else 0.0)
+        return {"statusCode": 200, **to_json_message(reply.to_message())}

@@ -24,7 +24,7 @@ from modelless.api import create_app
 from modelless.api.app import CORRELATION_HEADER
 from modelless.api.services import build_services
 from modelless.config import Settings
-from modelless.observability import logger, metrics, tracer
+from modelless.observability.metrics import logger, metrics, tracer
 
 __all__ = ["CORRELATION_ID_PATH", "Gateway", "container_settings", "logger", "metrics", "tracer"]
 

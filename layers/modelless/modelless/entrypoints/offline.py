@@ -1,5 +1,5 @@
 """The offline function (``functions/offline``): S3-triggered batch jobs, idempotent, resumable,
-throttled (DESIGN §6).
+throttled (docs/ARCHITECTURE.md §6).
 
 Events it takes:
 
@@ -31,12 +31,12 @@ from aws_lambda_powertools.utilities.idempotency.exceptions import IdempotencyAl
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from modelless.cache import open_cached_predictions
+from modelless.catalog import DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.metadata import open_metadata_store
 from modelless.offline.events import S3JobStarter, idempotency_layer, idempotent_start, s3_records
 from modelless.offline.runner import RunOutcome, RunReport
 from modelless.offline.service import OfflineService
-from modelless.pools.catalog import DEFAULT_POOLS
 
 logger = Logger(service="offline")
 metrics = Metrics(namespace="Modelless", service="offline")

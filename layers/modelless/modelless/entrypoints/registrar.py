@@ -4,7 +4,7 @@ The gateway validates an upload, puts the model and its validation set in the mo
 (S3), records the registration as queued in the metadata store (Redis), and invokes this
 function asynchronously with the registration's job:
 ``{"registrationId", "appID", "modelName", "metric", "correlationId"}``
-(``modelless.registration.RegistrationJob``). Here the variants are built, profiled (each step a
+(``modelless.registration.service.RegistrationJob``). Here the variants are built, profiled (each step a
 ``python -m variants`` child process, as in the embedded stack) and pruned, and the kept ones
 published; a failure is recorded on the registration, with every trace of the model removed.
 
@@ -23,12 +23,12 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.exceptions import ModellessError
 from modelless.lambda_events import RegistrationEvent
 from modelless.metadata import open_metadata_store
-from modelless.pools.catalog import DEFAULT_POOLS
-from modelless.registration import RegistrationService
+from modelless.registration.service import RegistrationService
 from modelless.repository import open_repository
 from modelless.types import RegistrationStatus
 

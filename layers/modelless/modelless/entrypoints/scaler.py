@@ -26,10 +26,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from modelless.catalog import DEFAULT_POOLS
 from modelless.config import Settings
 from modelless.metadata import open_metadata_store
 from modelless.pools.aws import AwsPoolProvider
-from modelless.pools.catalog import DEFAULT_POOLS
 from modelless.pools.invokers import AwsLambdaInvoker
 from modelless.pools.warm import InvokingWarmPool
 from modelless.scaling.controller import Scaler, ScalerConfig, record_plan

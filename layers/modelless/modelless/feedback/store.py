@@ -111,17 +111,3 @@ class FeedbackStore(Protocol):
         """Count one feedback per model with its reward in [0, 1]."""
 
     def outcomes(self, app_id: str) -> dict[str, ModelOutcomes]: ...
-
-
-def feedback_store_for(metadata: object) -> FeedbackStore:
-    """The feedback store beside a metadata store: in the same Redis (and namespace) for the
-    Redis store, so that every gateway sees one app's feedback; else in this process's memory."""
-    from modelless.metadata.redis import RedisMetadataStore
-
-    if isinstance(metadata, RedisMetadataStore):
-        from modelless.feedback.redis import RedisFeedbackStore
-
-        return RedisFeedbackStore(metadata)
-    from modelless.feedback.memory import InMemoryFeedbackStore
-
-    return InMemoryFeedbackStore()

@@ -53,7 +53,7 @@ class IdempotentRequest:
 
 
 class OfflineJobStore(Protocol):
-    """Offline jobs (DESIGN §6): their records, per-input done markers and the runner's lease.
+    """Offline jobs (docs/ARCHITECTURE.md §6): their records, per-input done markers and the runner's lease.
 
     Exactly-once rests on three things kept here: the input list fixed when a job first runs,
     a done marker per input set only once (``mark_items`` counts only markers it set), and a
@@ -269,16 +269,3 @@ class MetadataStore(OfflineJobStore, Protocol):
         """Write the marker unless the store holds one; return the one it holds (atomically)."""
 
     def close(self) -> None: ...
-
-
-def open_metadata_store(url: str) -> MetadataStore:
-    """``memory://`` or ``redis://host:port/db[?prefix=name:]``."""
-    if url.startswith("memory://"):
-        from modelless.metadata.memory import InMemoryMetadataStore
-
-        return InMemoryMetadataStore()
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from modelless.metadata.redis import RedisMetadataStore
-
-        return RedisMetadataStore.from_url(url)
-    raise ValueError(f"unsupported metadata store URL {url!r}: use memory:// or redis://")

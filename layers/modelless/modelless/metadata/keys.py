@@ -67,7 +67,7 @@ class KeySpace:
         """String: the plan the scaler applied last (JSON, ``ScalingReport.published``)."""
         return f"{self.prefix}scaling-plan"
 
-    # --- offline jobs (DESIGN §6) ---------------------------------------------------------------
+    # --- offline jobs (docs/ARCHITECTURE.md §6) ------------------------------------------------
     def offline_buckets(self, app_id: str) -> str:
         """JSON list: the S3 buckets the app's offline jobs may read and write."""
         return f"{self.prefix}offline-buckets:{app_id}"

@@ -417,7 +417,7 @@ class RedisMetadataStore:
         self._redis.close()
 
     # ============================================================================================
-    # Offline jobs (DESIGN §6). A separate block, owned by the offline-jobs work: records, the
+    # Offline jobs (docs/ARCHITECTURE.md §6). A separate block, owned by the offline-jobs work: records, the
     # fixed input list, done markers set once (a Lua script counts only new markers), and the
     # runner's lease (compare-and-set scripts, so that a runner never renews or drops a lease
     # another runner took after its own expired).

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from modelless.cache import open_cached_predictions
+from modelless.catalog import DEFAULT_POOLS
 from modelless.config import get_settings
 from modelless.metadata import open_metadata_store
 from modelless.offline.service import OfflineService
-from modelless.pools.catalog import DEFAULT_POOLS
 
 
 def main(argv: list[str] | None = None) -> None:

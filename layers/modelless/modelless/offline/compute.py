@@ -12,8 +12,9 @@ A worker whose run failed (dead, hung, unreachable) is left out of the next deci
 seconds after it died, and the retry of the batch goes to another worker (or to the one its pool
 started in its place) instead of to the dead one again.
 
-Batches are sent with ``"offline": true``: the worker runs them in its instances' idle moments,
-never batched with online queries, and records them apart from online traffic.
+Batches are sent as offline invocations (``Invocation.offline``): the worker runs them in its
+instances' idle moments, never batched with online queries, and records them apart from online
+traffic.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ from typing import Protocol
 
 import numpy as np
 
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.dispatch.live_view import FAILED_WORKER_HOLD_S
 from modelless.exceptions import ModellessError, NotFoundError, NotReadyError, TargetsUnreachableError
 from modelless.metadata.base import MetadataStore
 from modelless.offline.throttle import RUNNING, ThrottleConfig, ThrottleState, next_state
-from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.pools.invokers import WorkerInvoker
-from modelless.runtime import invocation_payload, outputs_of
 from modelless.selection import InfaasPolicy, unreachable_error
+from modelless.serving.invocation import Invocation
 from modelless.types import Decision, OfflineJob, QueryTargets, Tier, VariantProfile, WorkerState
 
 # An offline run waits in the worker for an idle moment (up to the batcher's own bound, 25 s).
@@ -195,10 +196,9 @@ class WorkerCompute:
 
     def run(self, decision: Decision, inputs: np.ndarray, correlation_id: str) -> RunResult:
         assert decision.worker_address is not None
-        payload = invocation_payload(decision.variant, inputs, correlation_id)
-        payload["offline"] = True
+        invocation = Invocation(decision.variant, inputs, correlation_id, offline=True)
         try:
-            body = self._invoker.invoke(decision.worker_address, payload, OFFLINE_INVOKE_TIMEOUT_S)
+            reply = self._invoker.invoke(decision.worker_address, invocation, OFFLINE_INVOKE_TIMEOUT_S)
         except Exception as error:
             self._sticky = None
             refused = isinstance(error, ModellessError) and 400 <= error.status_code < 500
@@ -206,7 +206,7 @@ class WorkerCompute:
                 self._held_out[decision.worker_id] = self._clock() + FAILED_WORKER_HOLD_S
             raise
         self._sticky = dataclasses.replace(decision, reason="the worker the job's last batch ran on")
-        return RunResult(outputs_of(body), decision.worker_id, float(body["inference_ms"]))
+        return RunResult(reply.outputs, decision.worker_id, reply.inference_ms)
 
     def _provisioned(self) -> list[WorkerState]:
         return [

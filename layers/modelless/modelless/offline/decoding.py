@@ -12,9 +12,9 @@ from pathlib import PurePosixPath
 
 import numpy as np
 
-from modelless.archives import UNREADABLE, open_zip, read_npy, read_npz_member
 from modelless.exceptions import InvalidInputError, OfflineInputError, first_line
-from modelless.inputs import ZIP_MAGIC, batch_bytes, check_batch
+from modelless.inputs.archives import UNREADABLE, open_zip, read_npy, read_npz_member
+from modelless.inputs.bodies import ZIP_MAGIC, batch_bytes, check_batch
 from modelless.types import ModelRecord
 
 ARRAY_SUFFIXES = (".npy", ".npz")

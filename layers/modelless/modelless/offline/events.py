@@ -39,8 +39,16 @@ from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idemp
 from aws_lambda_powertools.utilities.idempotency.persistence.cache import CachePersistenceLayer
 
 from modelless.exceptions import InvalidJobError, ModellessError, NotFoundError
-from modelless.offline.jobs import MANIFEST_SUFFIX, S3_SCHEME, JobSpec, S3Path, is_input, job_id_for_object
-from modelless.offline.service import OfflineService, Watch
+from modelless.offline.jobs import (
+    MANIFEST_SUFFIX,
+    S3_SCHEME,
+    JobSpec,
+    S3Path,
+    Watch,
+    is_input,
+    job_id_for_object,
+)
+from modelless.offline.service import OfflineService
 
 logger = Logger(service="offline", child=True)
 

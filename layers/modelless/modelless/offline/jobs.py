@@ -1,4 +1,5 @@
-"""What an offline job is: its S3 paths, the keys its outputs get, and how its id is derived.
+"""What an offline job is: its S3 paths, the keys its outputs get, how its id is derived, and the
+watched prefixes whose objects become the inputs of a standing job (``Watch``).
 
 Output keys are a pure function of the input key, so that every run of a job (a duplicate event,
 a resume after a crash) writes the same objects and never a second copy.
@@ -7,6 +8,7 @@ a resume after a crash) writes the same objects and never a second copy.
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -117,3 +119,43 @@ def watch_job_id(
     makes a new one, whose results never mix with the old one's)."""
     text = f"{prefix}\n{app_id}\n{output_path}\n{min_accuracy!r}\n{model_name or ''}"
     return f"watch-{hashlib.sha256(text.encode()).hexdigest()[:24]}"
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A watched input prefix (``MODELLESS_OFFLINE_WATCHES``): one standing job, to which every
+    object created under the prefix is added as an input."""
+
+    prefix: S3Path
+    app_id: str
+    output_path: str
+    min_accuracy: float = 0.0
+    model_name: str | None = None
+
+    @property
+    def job_id(self) -> str:
+        return watch_job_id(self.prefix, self.app_id, self.output_path, self.min_accuracy, self.model_name)
+
+    @property
+    def source(self) -> str:
+        return watch_source(self.prefix)
+
+    def spec(self) -> JobSpec:
+        return JobSpec(self.app_id, str(self.prefix), self.output_path, self.min_accuracy, self.model_name)
+
+    @classmethod
+    def parse_all(cls, raw: str) -> list[Watch]:
+        try:
+            entries = json.loads(raw or "[]")
+            return [
+                cls(
+                    S3Path.parse(entry["prefix"], "prefix"),
+                    str(entry["appID"]),
+                    str(entry["outputPath"]),
+                    float(entry.get("accuracy") or 0.0),
+                    entry.get("modelName"),
+                )
+                for entry in entries
+            ]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"MODELLESS_OFFLINE_WATCHES is not a JSON list of watches: {error}") from error

@@ -30,170 +30,57 @@ a hung runner does not hold its job for ever.
 A watch's standing job (``jobs.is_watch_source``) gains inputs one S3 event at a time: its runner
 never lists the prefix, and when it has caught up it completes only if no input arrived since
 (checked atomically by ``save_job``); otherwise it goes on with the new ones.
+
+Here: the job's changes of state, one method each (``JobRunner``). Elsewhere: what a run works on
+(``run_plan``), one group of inputs from objects to results (``groups``), the lease and its
+keepalive thread (``lease``), the result and summary objects (``results``), and what a run is
+configured with and keeps between batches (``run_state``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any
 
 import numpy as np
 from aws_lambda_powertools import Logger
 
 from modelless.cache.predictions import CachedPredictions
-from modelless.exceptions import (
-    InvalidInputError,
-    ModellessError,
-    NotFoundError,
-    OfflineInputError,
-    S3AccessDeniedError,
-)
-from modelless.inputs import check_batch
+from modelless.exceptions import ModellessError, S3AccessDeniedError
 from modelless.metadata.base import JobSave, OfflineJobStore
-from modelless.offline.compute import Compute, Paused, batch_rows
-from modelless.offline.decoding import decode_input
-from modelless.offline.jobs import RESULT_SUFFIX, S3Path, is_input, is_watch_source, output_key, summary_key
+from modelless.offline.compute import Compute, Paused
+from modelless.offline.groups import BatchRefused, GroupRunner
+from modelless.offline.jobs import S3Path, is_watch_source, summary_key
+from modelless.offline.lease import STALLED_AFTER_S, JobLease, LeaseLost
 from modelless.offline.objects import ObjectStore
-from modelless.pipelines.batch import run_batch
-from modelless.pipelines.spec import REQUEST_INPUT, PipelineSpec
+from modelless.offline.results import MAX_SUMMARY_ERRORS, summary_object
+from modelless.offline.run_plan import RunPlanner
+from modelless.offline.run_state import RunnerConfig, RunOutcome, RunReport, RunState, running_on
 from modelless.pipelines.store import PipelineStore
-from modelless.selection import Candidates
 from modelless.types import Decision, JobStatus, ModelRecord, OfflineJob, VariantProfile
 
 logger = Logger(service="offline", child=True)
 
-MAX_SUMMARY_ERRORS = 1000  # the summary names at most this many failed inputs (the count is exact)
-# A running job whose heartbeat is older than this has lost its runner (dead, hung, cut off from
-# the store): five heartbeat periods (RunnerConfig.heartbeat_s), so that one slow write on a busy
-# machine does not make a live runner look stalled.
-STALLED_AFTER_S = 5.0
+# What a job says when its run stopped before the deadline (it goes on in its next run).
+UNTIL_NEXT_RUN = "stopped before the deadline; the job continues in its next run"
 
 
-@dataclass(frozen=True)
-class RunnerConfig:
-    # A job's lease: how long a runner that died without a word holds its job. Renewed every
-    # heartbeat by the keepalive thread, so it need only outlast a few missed heartbeats, not a batch.
-    lease_s: float = 10.0
-    max_rows: int = 32  # rows per inference run, at most (see compute.batch_rows)
-    run_ms: float = 10.0
-    max_input_bytes: int = 16 * 1024 * 1024
-    max_inputs: int = 100_000
-    max_rows_per_input: int = 4096
-    poll_s: float = 0.25  # while paused: how often the workers are looked at again
-    heartbeat_s: float = 1.0  # the job record is rewritten at most this often
-    # Renew the lease and the heartbeat from a background thread every heartbeat period, while
-    # the main thread waits in a batch (off: the tests that drive a fake clock).
-    keepalive: bool = True
-    # ... but only while the main thread showed life (a lease renewal) this recently: longer than
-    # one offline run may wait in its worker (compute.OFFLINE_INVOKE_TIMEOUT_S) plus a group's
-    # reads and writes. A main thread quiet for longer is hung: its lease is left to expire.
-    max_quiet_s: float = 90.0
-    retry_s: float = 0.5  # after a worker failure; doubles up to max_retry_s
-    # Bounds the wait after the failures of a worker that is being replaced: the next batch goes
-    # to the replacement at most this long after it is up.
-    max_retry_s: float = 5.0
-    yield_margin_s: float = 10.0  # with a deadline: stop this long before it
-    io_threads: int = 8  # concurrent object reads and writes within a group
-    # Inputs read, run (in batches of the job's batch size) and written per group, at least: a
-    # group's reads and writes overlap one another, and its inputs are marked done together.
-    group_inputs: int = 32
-    progress_retention_s: float = 7 * 86400.0  # per-input markers kept this long after the end
-
-
-class RunOutcome(StrEnum):
-    COMPLETED = "completed"
-    FAILED = "failed"
-    YIELDED = "yielded"  # stopped before the deadline; the job continues in another run
-    BUSY = "busy"  # another runner holds the job's lease
-    LOST_LEASE = "lost-lease"  # the lease expired under this runner and another took the job
-    NOT_FOUND = "not-found"
-
-
-@dataclass
-class RunReport:
-    job_id: str
-    outcome: RunOutcome
-    processed: int = 0  # inputs this run marked done (failed ones included)
-    failed: int = 0
-    paused_s: float = 0.0
-    pauses: list[str] = field(default_factory=list)  # why it paused (the first few times)
-    message: str = ""
-
-
-class _LeaseLost(Exception):
-    pass
-
-
-class _Yield(Exception):
-    pass
-
-
-class _BatchRefused(Exception):
-    """The worker refused a batch as bad input (4xx): its inputs are tried one by one."""
-
-    def __init__(self, error: ModellessError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-@dataclass
-class _Decoded:
-    key: str
-    rows: np.ndarray
-    cached_by: str | None = None  # answered from the prediction cache: the variant that computed it
-    answered_by: list[str] | None = None  # a pipeline job's: per row, the stage that answered it
-
-
-@dataclass(frozen=True)
-class _Stage:
-    """A pipeline job's stage: its pinned variant and its model (the contract its rows meet)."""
-
-    variant: VariantProfile
-    model: ModelRecord
-
-
-@dataclass
-class _RunState:
-    """What one run keeps between batches."""
-
-    job: OfflineJob
-    variant: VariantProfile
-    model: ModelRecord
-    input_path: S3Path
-    output_path: S3Path
-    deadline: float | None
-    report: RunReport
-    active_since: float = 0.0
-    paused_since: float | None = None
-    recent: list[str] = field(default_factory=list)
-    cache_admits: frozenset[str] | None = None  # variants whose cached answers the job may take
-    # A pipeline job's DAG and stages (None: a one-model job); ``variant`` and ``model`` are then
-    # its entry stage's, whose model the inputs are decoded for.
-    pipeline: PipelineSpec | None = None
-    stages: dict[str, _Stage] = field(default_factory=dict)
-
-
-@dataclass
-class _Liveness:
-    """What a run's main thread shares with its keepalive thread. ``lock`` orders every write of
-    the job's record (and the job's fields the writes read), so that the keepalive never writes
-    a view older than one the main thread wrote (say "running" over "completed")."""
-
-    alive_at: float  # the main thread's last sign of life: its last lease renewal
-    lock: threading.RLock = field(default_factory=threading.RLock)
-    last_heartbeat: float = 0.0
-    lease_lost: bool = False
+class _DeadlineNear(Exception):
+    """This run must stop now to end before its deadline. Raised only from the waits deep inside
+    a batch (for capacity, before a retry), whose callers have no result to give back; between
+    groups the runner checks the deadline itself (``_deadline_near``)."""
 
 
 class JobRunner:
+    """Runs offline jobs, one ``run`` at a time. A job's run goes through these changes, each a
+    method: ``_claim`` (its lease), ``_start`` (running), ``_pause`` and ``_resume`` (online
+    traffic needs the workers, then no longer), and one end: ``_finish`` (completed), ``_fail``,
+    ``_stop_until_next_run`` (the deadline nears), ``_interrupted`` (an outage), or the lease lost
+    (``LeaseLost``, from any renewal or write)."""
+
     def __init__(
         self,
         store: OfflineJobStore,
@@ -210,25 +97,52 @@ class JobRunner:
         pipelines: PipelineStore | None = None,
     ) -> None:
         """``predictions``: the prediction cache online queries share (None: none): inputs whose
-        rows are cached are not run, and what runs is cached (``_infer_cached``). ``pipelines``:
+        rows are cached are not run, and what runs is cached (``GroupRunner``). ``pipelines``:
         where a pipeline job's DAG is read (None: pipeline jobs fail, saying so)."""
         self._store = store
-        self._pipelines = pipelines
-        self._predictions = predictions
         self._objects = objects
         self._compute = compute
         self._config = config or RunnerConfig()
-        self._variants = variants
-        self._models = models
         self._clock = clock
         self._sleep = sleep
         self.owner = owner or f"runner-{uuid.uuid4().hex[:12]}"
-        self._live = _Liveness(alive_at=clock())
+        self._lease = JobLease(store, self.owner, self._config, clock)
+        self._planner = RunPlanner(store, objects, compute, self._config, variants, models, pipelines)
+        self._groups = GroupRunner(
+            store,
+            objects,
+            self._config,
+            self._run_batch,
+            variants=variants,
+            predictions=predictions,
+            pipelines=pipelines,
+        )
 
     # --- entry point ------------------------------------------------------------------------------
 
     def run(self, job_id: str, deadline: float | None = None) -> RunReport:
         """Work the job until it is finished, the deadline nears, or the lease is lost."""
+        claimed = self._claim(job_id)
+        if isinstance(claimed, RunReport):
+            return claimed
+        job = claimed
+        try:
+            with self._lease.kept_alive(job):
+                return self._run_leased(job, deadline)
+        except LeaseLost:
+            logger.warning("lost the job's lease; another runner goes on", extra={"job_id": job_id})
+            return RunReport(job_id, RunOutcome.LOST_LEASE, message="lease lost")
+        except Exception as error:
+            self._interrupted(job, error)
+            raise
+        finally:
+            self._store.release_job_lease(job_id, self.owner)
+
+    # --- claim and start ----------------------------------------------------------------------------
+
+    def _claim(self, job_id: str) -> OfflineJob | RunReport:
+        """Take the job's lease: the job, or the report of why this runner leaves it (there is
+        no such job, it is finished, another runner holds it)."""
         job = self._store.get_job(job_id)
         if job is None:
             return RunReport(job_id, RunOutcome.NOT_FOUND, message=f"no job {job_id!r}")
@@ -237,22 +151,9 @@ class JobRunner:
         if not self._store.acquire_job_lease(job_id, self.owner, self._config.lease_s):
             holder = self._store.job_lease_holder(job_id)
             return RunReport(job_id, RunOutcome.BUSY, message=f"held by {holder}")
-        self._live = _Liveness(alive_at=self._clock())
-        try:
-            with self._keepalive(job):
-                return self._run_leased(job, deadline)
-        except _LeaseLost:
-            logger.warning("lost the job's lease; another runner goes on", extra={"job_id": job_id})
-            return RunReport(job_id, RunOutcome.LOST_LEASE, message="lease lost")
-        except Exception as error:
-            # Infrastructure trouble (the object store, the metadata store): the job stays
-            # unfinished, says why, and resumes in its next run; the caller hears the error.
-            job.message = f"interrupted ({type(error).__name__}: {error}); resumes in its next run"
-            with contextlib.suppress(Exception):  # the store may be what failed
-                self._store.save_job(job, self.owner)  # only while the job is still this runner's
-            raise
-        finally:
-            self._store.release_job_lease(job_id, self.owner)
+        # A fresh hold for this run: the last run's signs of life are not this one's.
+        self._lease = JobLease(self._store, self.owner, self._config, self._clock)
+        return job
 
     def _caught_up_since(self, job: OfflineJob) -> bool:
         """A watch's job marked completed that has gained inputs since (its re-queueing was cut
@@ -261,10 +162,8 @@ class JobRunner:
             return False
         return self._store.job_progress(job.job_id)[0] < self._store.job_item_count(job.job_id)
 
-    # --- one leased run ---------------------------------------------------------------------------
-
-    def _run_leased(self, job: OfflineJob, deadline: float | None) -> RunReport:
-        report = RunReport(job.job_id, RunOutcome.COMPLETED)
+    def _start(self, job: OfflineJob) -> float:
+        """Mark the job running, in one more run; returns when it started."""
         now = self._clock()
         job.status = JobStatus.RUNNING
         job.runs += 1
@@ -273,274 +172,74 @@ class JobRunner:
         job.paused, job.pause_reason = False, ""
         job.message = "listing inputs" if job.runs == 1 else "resuming where the last run stopped"
         job.heartbeat_at = now  # the last run's heartbeat is not this runner's
-        self._live.last_heartbeat = now
-        self._save(job)
+        self._lease.last_heartbeat = now
+        self._lease.save(job)
+        return now
+
+    # --- one leased run ---------------------------------------------------------------------------
+
+    def _run_leased(self, job: OfflineJob, deadline: float | None) -> RunReport:
+        """The run, its lease held: start the job, settle its inputs and variants, work its
+        inputs group by group, and end it: completed, failed, or stopped for its next run."""
+        report = RunReport(job.job_id, RunOutcome.COMPLETED)
+        now = self._start(job)
         input_path = S3Path.parse(job.input_path, "inputPath")
         output_path = S3Path.parse(job.output_path, "outputPath")
         try:
-            items = self._inputs(job, input_path)
-            pipeline, stages = self._pipeline_stages(job)
-            if pipeline is None:
-                variant = self._variant(job)
-                model = self._model_of(job, variant)
-            else:
-                variant, model = stages[pipeline.entry].variant, stages[pipeline.entry].model
+            plan = self._planner.plan(job, input_path)
         except ModellessError as error:
             return self._fail(job, report, error.message)
-        state = _RunState(
+        state = RunState(
             job,
-            variant,
-            model,
+            plan.variant,
+            plan.model,
             input_path,
             output_path,
             deadline,
             report,
             active_since=now,
-            pipeline=pipeline,
-            stages=stages,
+            pipeline=plan.pipeline,
+            stages=plan.stages,
         )
         try:
             with ThreadPoolExecutor(self._config.io_threads, thread_name_prefix="offline-io") as io:
-                while True:
-                    done = self._store.done_items(job.job_id)
-                    pending = [key for key in items if key not in done]
-                    job.total = len(items)
-                    job.message = f"{len(pending)} of {len(items)} inputs to go on {_running_on(state)}"
-                    self._heartbeat(state, force=True)
-                    for group in _chunks(pending, max(1, job.batch, self._config.group_inputs)):
-                        self._check_deadline(state)
-                        self._renew(job)
-                        self._process(state, group, io)
-                        self._heartbeat(state)
-                    if self._finish(state):
-                        break
-                    items = self._store.job_items(job.job_id)  # a watch's job gained inputs meanwhile
-        except _Yield as stop:
-            job.message = str(stop) or "stopped before the deadline; the job continues in its next run"
-            report.outcome = RunOutcome.YIELDED
-            report.message = job.message
-            self._heartbeat(state, force=True)
+                stopped = self._work(state, plan.items, io)
+        except _DeadlineNear:
+            stopped = UNTIL_NEXT_RUN
         except S3AccessDeniedError as error:
             # The results cannot be written: no retry helps until someone grants the access.
             return self._fail(job, report, error.message)
+        if stopped is not None:
+            self._stop_until_next_run(state, stopped)
         return report
 
-    def _inputs(self, job: OfflineJob, input_path: S3Path) -> list[str]:
-        """The job's inputs: as recorded when it first ran (or, for a watch's job, as its events
-        added them), or listed and recorded now."""
-        items = self._store.job_items(job.job_id)
-        if items or job.total or is_watch_source(job.source):
-            job.total = len(items)
-            return items
-        listed = self._objects.list_objects(input_path.bucket, input_path.prefix, self._config.max_inputs + 1)
-        if len(listed) > self._config.max_inputs:
-            raise ModellessError(
-                f"more than {self._config.max_inputs} objects under {input_path}: split the job"
-            )
-        items = self._store.fix_job_items(job.job_id, [info.key for info in listed if is_input(info.key)])
-        job.total = len(items)
-        return items
-
-    def _variant(self, job: OfflineJob) -> VariantProfile:
-        """The job's variant: pinned at its first run, so that every result comes from it."""
-        if job.variant_id is not None:
-            return self._pinned(job, job.variant_id, "the job's variant")
-        variant = self._compute.choose_variant(job)
-        job.variant_id = variant.variant_id
-        job.batch = batch_rows(variant, self._config.max_rows, self._config.run_ms)
-        return variant
-
-    def _pinned(self, job: OfflineJob, variant_id: str, what: str) -> VariantProfile:
-        found = next((v for v in self._variants(job.app_id) if v.variant_id == variant_id), None)
-        if found is None:
-            raise NotFoundError(f"{what} {variant_id} no longer exists")
-        return found
-
-    def _model_of(self, job: OfflineJob, variant: VariantProfile) -> ModelRecord:
-        model = self._models(job.app_id, variant.model_name)
-        if model is None:
-            raise NotFoundError(f"model {variant.model_name!r} of app {job.app_id!r} no longer exists")
-        return model
-
-    def _pipeline_stages(self, job: OfflineJob) -> tuple[PipelineSpec | None, dict[str, _Stage]]:
-        """A pipeline job's DAG and its stages' variants, each chosen as a one-model job's would
-        be (its model, the stricter of the job's and the stage's accuracy floors) and pinned at
-        the first run, so that every result comes from the same variants."""
-        if job.pipeline is None:
-            return None, {}
-        spec = None if self._pipelines is None else self._pipelines.get(job.app_id, job.pipeline)
-        if spec is None:
-            raise NotFoundError(f"pipeline {job.pipeline!r} of app {job.app_id!r} no longer exists")
-        stages: dict[str, _Stage] = {}
-        for stage in spec.stages:
-            pinned = job.stage_variants.get(stage.name)
-            if pinned is not None:
-                variant = self._pinned(job, pinned, f"stage {stage.name!r}'s variant")
-            else:
-                floor = max(job.min_accuracy, spec.accuracy if stage.accuracy is None else stage.accuracy)
-                try:
-                    variant = self._compute.choose_variant(
-                        replace(job, model_name=stage.model, min_accuracy=floor)
-                    )
-                except ModellessError as error:
-                    error.within(f"pipeline {spec.name!r}, stage {stage.name!r}", stage=stage.name)
-                    raise
-            stages[stage.name] = _Stage(variant, self._model_of(job, variant))
-        job.stage_variants = {name: stage.variant.variant_id for name, stage in stages.items()}
-        entry = stages[spec.entry].variant
-        job.variant_id = entry.variant_id
-        job.batch = batch_rows(entry, self._config.max_rows, self._config.run_ms)
-        return spec, stages
-
-    # --- one group of inputs ----------------------------------------------------------------------
-
-    def _process(self, state: _RunState, group: list[str], io: ThreadPoolExecutor) -> None:
-        """Read and decode the group, run it, write each result once, then mark it done."""
+    def _work(self, state: RunState, items: list[str], io: ThreadPoolExecutor) -> str | None:
+        """Work the job's inputs, group by group, until the job is completed (None) or this run
+        must stop and leave the rest to the next one (why: the job's message until then)."""
         job = state.job
-        decoded: list[_Decoded] = []
-        outcomes: dict[str, tuple[str, str]] = {}
-        for key, result in zip(group, io.map(lambda k: self._decode(state, k), group), strict=True):
-            if isinstance(result, str):
-                outcomes[key] = ("", result)
-            else:
-                decoded.append(_Decoded(key, result))
-        outputs = self._infer_cached(state, decoded)
-        writes = [(item, out) for item, out in zip(decoded, outputs, strict=True) if not isinstance(out, str)]
-        for item, out in zip(decoded, outputs, strict=True):
-            if isinstance(out, str):
-                outcomes[item.key] = ("", out)
-        for (item, _), key in zip(
-            writes, io.map(lambda w: self._write_result(state, *w), writes), strict=True
-        ):
-            outcomes[item.key] = (key, "")
-        # Only now, with every result object in place, are the inputs marked done.
-        added = self._store.mark_items(job.job_id, outcomes)
-        state.report.processed += added
-        state.report.failed += sum(1 for _, error in outcomes.values() if error)
+        while True:
+            done = self._store.done_items(job.job_id)
+            pending = [key for key in items if key not in done]
+            job.total = len(items)
+            job.message = f"{len(pending)} of {len(items)} inputs to go on {running_on(state)}"
+            self._heartbeat(state, force=True)
+            for group in _chunks(pending, max(1, job.batch, self._config.group_inputs)):
+                if self._deadline_near(state):
+                    return UNTIL_NEXT_RUN
+                self._lease.renew(job)
+                self._groups.process(state, group, io)
+                self._heartbeat(state)
+            marked, failed = self._store.job_progress(job.job_id)
+            if marked < job.total:
+                # Cannot happen while the lease held; if it did, the next run completes the rest.
+                return f"{job.total - marked} inputs are not marked done; the next run completes them"
+            if self._finish(state, marked, failed):
+                return None
+            items = self._store.job_items(job.job_id)  # a watch's job gained inputs meanwhile
 
-    def _decode(self, state: _RunState, key: str) -> np.ndarray | str:
-        """The input's rows, or why it cannot be used."""
-        try:
-            data = self._objects.get(state.input_path.bucket, key)
-        except NotFoundError:
-            return "the object was deleted after the job started"
-        except S3AccessDeniedError as error:
-            return error.message
-        if len(data) > self._config.max_input_bytes:
-            return f"input of {len(data)} bytes exceeds the limit of {self._config.max_input_bytes}"
-        try:
-            return decode_input(key, data, state.model, self._config.max_rows_per_input)
-        except OfflineInputError as error:
-            return str(error)
+    # --- one batch: pause, resume, retry ------------------------------------------------------------
 
-    def _infer_cached(self, state: _RunState, decoded: list[_Decoded]) -> list[np.ndarray | str]:
-        """``_infer``, with the prediction cache online queries share: an input whose every row
-        is cached for the job's model, by a variant the job's targets admit (as selection would
-        for an online query with them), is answered from it; the rest run, and their rows are
-        cached under the model's generation (its registration id as this run read it)."""
-        cache = self._predictions
-        if cache is None or not decoded:
-            return self._infer(state, decoded)
-        job, model = state.job, state.model
-        if state.pipeline is not None:
-            # Rows are cached per model; a pipeline's answer is per row of several models (not
-            # cached: its stages' rows would need a cache entry of their own each).
-            return self._infer(state, decoded)
-        if state.cache_admits is None:
-            admitted = Candidates(self._variants(job.app_id)).subset(job.min_accuracy, job.model_name)
-            state.cache_admits = frozenset(v.variant_id for v in admitted)
-        generations = {model.model_name: model.registration_id}
-        digests = [cache.digests(item.rows) for item in decoded]
-        hits = cache.find_each(job.app_id, generations, digests, state.cache_admits.__contains__)
-        missed = [index for index, hit in enumerate(hits) if hit is None]
-        ran = iter(self._infer(state, [decoded[index] for index in missed]))
-        results: list[np.ndarray | str] = []
-        computed: list[np.ndarray] = []
-        computed_digests: list[str] = []
-        for item, hit, item_digests in zip(decoded, hits, digests, strict=True):
-            if hit is not None:
-                item.cached_by = hit.variant_ids[0]
-                results.append(hit.outputs)
-                continue
-            out = next(ran)
-            results.append(out)
-            if not isinstance(out, str):
-                computed.append(out)
-                computed_digests.extend(item_digests)
-        if computed:
-            cache.remember(
-                job.app_id,
-                model.model_name,
-                model.registration_id,
-                computed_digests,
-                np.concatenate(computed),
-                state.variant.variant_id,
-            )
-        cache.count(hits=len(decoded) - len(missed), misses=len(missed))
-        return results
-
-    def _infer(self, state: _RunState, decoded: list[_Decoded]) -> list[np.ndarray | str]:
-        """Each input's output rows (or why the worker refused it): the group's rows run in
-        batches of ``job.batch`` rows."""
-        if not decoded:
-            return []
-        try:
-            outputs = self._run_all(state, decoded, np.concatenate([d.rows for d in decoded]))
-        except _BatchRefused as refused:
-            if len(decoded) == 1:
-                return [f"the worker refused the input: {refused.error.message}"]
-            # One bad input must not fail the others: each is tried alone.
-            return [out for item in decoded for out in self._infer(state, [item])]
-        split: list[np.ndarray | str] = []
-        offset = 0
-        for item in decoded:
-            split.append(outputs[offset : offset + len(item.rows)])
-            offset += len(item.rows)
-        return split
-
-    def _run_all(self, state: _RunState, decoded: list[_Decoded], rows: np.ndarray) -> np.ndarray:
-        """The rows' outputs from the job's variant; for a pipeline job, each row's answer from
-        one stage-wise pass over the DAG (``pipelines.batch``), whose stages' answered rows are
-        noted on the inputs; their outputs are padded with NaN to the widest stage's width."""
-        if state.pipeline is None:
-            return self._run_rows(state, rows, state.variant, state.job.batch)
-        stages = state.stages
-        pipeline = state.pipeline
-
-        def run_stage(name: str, stage_rows: np.ndarray) -> np.ndarray:
-            stage = stages[name]
-            if pipeline.stage(name).input != REQUEST_INPUT:
-                try:  # a predecessor's outputs, as the stage's model takes them
-                    stage_rows = check_batch(stage_rows, stage.model, len(stage_rows))
-                except InvalidInputError as error:
-                    error.within(f"stage {name!r} cannot take its input stage's outputs")
-                    raise _BatchRefused(error) from error
-            batch = batch_rows(stage.variant, self._config.max_rows, self._config.run_ms)
-            return self._run_rows(state, stage_rows, stage.variant, batch)
-
-        routed = run_batch(pipeline, rows, run_stage)
-        if self._pipelines is not None:
-            self._pipelines.add_branch_counts(state.job.app_id, pipeline.name, routed.branches)
-        offset = 0
-        for item in decoded:
-            item.answered_by = routed.answered_by[offset : offset + len(item.rows)]
-            offset += len(item.rows)
-        width = max(len(row) for row in routed.outputs)
-        padded = np.full((len(routed.outputs), width), np.nan)
-        for index, row in enumerate(routed.outputs):
-            padded[index, : len(row)] = row
-        return padded
-
-    def _run_rows(
-        self, state: _RunState, rows: np.ndarray, variant: VariantProfile, batch: int
-    ) -> np.ndarray:
-        step = max(1, batch)
-        parts = [
-            self._run_batch(state, variant, rows[start : start + step]) for start in range(0, len(rows), step)
-        ]
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
-
-    def _run_batch(self, state: _RunState, variant: VariantProfile, rows: np.ndarray) -> np.ndarray:
+    def _run_batch(self, state: RunState, variant: VariantProfile, rows: np.ndarray) -> np.ndarray:
         """One inference run where and when the compute allows, retrying worker failures."""
         delay = self._config.retry_s
         while True:
@@ -549,7 +248,7 @@ class JobRunner:
                 return self._compute.run(decision, rows, f"{state.job.job_id}:{uuid.uuid4().hex[:8]}").outputs
             except ModellessError as error:
                 if 400 <= error.status_code < 500:
-                    raise _BatchRefused(error) from error
+                    raise BatchRefused(error) from error
                 failure = error.message
             except Exception as error:  # a worker that died mid-run, a network error
                 failure = f"{type(error).__name__}: {error}"
@@ -560,132 +259,68 @@ class JobRunner:
             self._idle(state, delay)
             delay = min(self._config.max_retry_s, delay * 2)
 
-    def _wait_for_capacity(self, state: _RunState, variant: VariantProfile, rows: int) -> Decision:
+    def _wait_for_capacity(self, state: RunState, variant: VariantProfile, rows: int) -> Decision:
         """Where the batch may run now; while nowhere (online traffic has the workers), wait."""
-        self._renew(state.job)  # before every run: a run may wait long for an idle moment
+        self._lease.renew(state.job)  # before every run: a run may wait long for an idle moment
         while True:
             verdict = self._compute.acquire(variant, rows)
             if not isinstance(verdict, Paused):
                 if state.paused_since is not None:
-                    with self._live.lock:
-                        state.report.paused_s += self._clock() - state.paused_since
-                        state.active_since = self._clock()
-                        state.paused_since = None
-                        state.job.paused, state.job.pause_reason = False, ""
-                    logger.info("offline work resumes", extra={"job_id": state.job.job_id})
-                    self._heartbeat(state, force=True)
+                    self._resume(state, state.paused_since)
                 return verdict
-            with self._live.lock:
-                if state.paused_since is None:
-                    now = self._clock()
-                    state.job.active_s += now - state.active_since
-                    state.paused_since = now
-                    if len(state.report.pauses) < 5:
-                        state.report.pauses.append(verdict.reason)
-                    logger.info(
-                        "offline work pauses", extra={"job_id": state.job.job_id, "reason": verdict.reason}
-                    )
-                state.job.paused, state.job.pause_reason = True, verdict.reason
+            self._pause(state, verdict.reason)
             self._idle(state, self._config.poll_s)
 
-    def _idle(self, state: _RunState, seconds: float) -> None:
+    def _pause(self, state: RunState, reason: str) -> None:
+        """Online traffic needs the workers: the job says why it waits, and its active time
+        stops counting (from the first of a row of refusals)."""
+        with self._lease.lock:
+            if state.paused_since is None:
+                now = self._clock()
+                state.job.active_s += now - state.active_since
+                state.paused_since = now
+                if len(state.report.pauses) < 5:
+                    state.report.pauses.append(reason)
+                logger.info("offline work pauses", extra={"job_id": state.job.job_id, "reason": reason})
+            state.job.paused, state.job.pause_reason = True, reason
+
+    def _resume(self, state: RunState, paused_since: float) -> None:
+        """The workers may take offline work again: the pause is over, and the record says so."""
+        with self._lease.lock:
+            state.report.paused_s += self._clock() - paused_since
+            state.active_since = self._clock()
+            state.paused_since = None
+            state.job.paused, state.job.pause_reason = False, ""
+        logger.info("offline work resumes", extra={"job_id": state.job.job_id})
+        self._heartbeat(state, force=True)
+
+    def _idle(self, state: RunState, seconds: float) -> None:
         """Wait, keeping the lease and the job record fresh, and stopping before the deadline."""
         self._heartbeat(state)
-        self._check_deadline(state)
-        self._renew(state.job)
+        if self._deadline_near(state):
+            raise _DeadlineNear()
+        self._lease.renew(state.job)
         self._sleep(seconds)
-
-    def _write_result(self, state: _RunState, item: _Decoded, outputs: np.ndarray) -> str:
-        job = state.job
-        key = output_key(state.input_path.prefix, state.output_path.prefix, item.key)
-        values = np.asarray(outputs, dtype=np.float64)
-        body: dict[str, Any] = {
-            "input": state.input_path.url_of(item.key),
-            "job": job.job_id,
-            "model": state.variant.model_name,
-            "variant": item.cached_by or state.variant.variant_id,
-            "cached": item.cached_by is not None,
-        }
-        if state.pipeline is not None and item.answered_by is not None:
-            # Each row's answer is its answering stage's outputs (rows of stages with fewer
-            # classes were padded with NaN for the batch: the padding is not theirs).
-            rows = [row[~np.isnan(row)] for row in values]
-            body |= {
-                "pipeline": state.pipeline.name,
-                "answeredBy": item.answered_by,
-                "stages": {
-                    name: {"model": s.variant.model_name, "variant": s.variant.variant_id}
-                    for name, s in state.stages.items()
-                },
-                "predictions": [int(np.argmax(row)) for row in rows],
-                "outputs": [row.round(6).tolist() for row in rows],
-            }
-            del body["model"], body["variant"]
-        else:
-            body |= {
-                "predictions": np.argmax(values, axis=1).astype(int).tolist(),
-                "outputs": values.round(6).tolist(),
-            }
-        data = json.dumps(body, sort_keys=True).encode()
-        self._objects.put_once(state.output_path.bucket, key, data, job.job_id, "application/json")
-        return key
 
     # --- the end ------------------------------------------------------------------------------
 
-    def _finish(self, state: _RunState) -> bool:
-        """Write the summary and mark the job completed; False when a watch's job gained inputs
-        since its runner listed them (it is not completed: the runner goes on with them)."""
+    def _finish(self, state: RunState, done: int, failed: int) -> bool:
+        """Write the summary and mark the job completed (every input is marked done); False when
+        a watch's job gained inputs since its runner listed them (it is not completed: the runner
+        goes on with them)."""
         job = state.job
         watch = is_watch_source(job.source)
-        done, failed = self._store.job_progress(job.job_id)
-        if done < job.total:
-            # Cannot happen while the lease held; if it did, the next run completes the rest.
-            raise _Yield(f"{job.total - done} inputs are not marked done; the next run completes them")
-        self._renew(job)  # a runner that lost the job leaves its completion to the new holder
+        self._lease.renew(job)  # a runner that lost the job leaves its completion to the new holder
         now = self._clock()
         key = summary_key(state.output_path.prefix, job.job_id)
         errors = self._store.job_errors(job.job_id, MAX_SUMMARY_ERRORS)
-        summary: dict[str, Any] = {
-            "jobId": job.job_id,
-            "appID": job.app_id,
-            "inputPath": job.input_path,
-            "outputPath": job.output_path,
-            "source": job.source,
-            "model": state.variant.model_name,
-            "variant": state.variant.variant_id,
-            "variantAccuracy": state.variant.accuracy,
-            "requested": {
-                "accuracy": job.min_accuracy,
-                "modelName": job.model_name,
-                "pipeline": job.pipeline,
-            },
-            "total": job.total,
-            "succeeded": done - failed,
-            "failed": failed,
-            "errors": [{"input": state.input_path.url_of(k), "error": v} for k, v in errors.items()],
-            "errorsTruncated": failed > len(errors),
-            "startedAt": job.started_at,
-            "finishedAt": now,
-            "runs": job.runs,
-            "resultSuffix": RESULT_SUFFIX,
-        }
-        if state.pipeline is not None:
-            summary["pipeline"] = state.pipeline.name
-            summary["stages"] = {
-                name: {
-                    "model": s.variant.model_name,
-                    "variant": s.variant.variant_id,
-                    "accuracy": s.variant.accuracy,
-                }
-                for name, s in state.stages.items()
-            }
-        data = json.dumps(summary, indent=2, sort_keys=True).encode()
+        data = summary_object(state, done, failed, errors, now)
         if watch:
             # A watch's summary is a living report: rewritten each time its job catches up.
             self._objects.put(state.output_path.bucket, key, data, "application/json")
         else:
             self._objects.put_once(state.output_path.bucket, key, data, job.job_id, "application/json")
-        with self._live.lock:  # the keepalive's heartbeat writes "running" before this, never after
+        with self._lease.lock:  # the keepalive's heartbeat writes "running" before this, never after
             job.active_s += now - state.active_since
             state.active_since = now
             job.summary_key = state.output_path.url_of(key)
@@ -698,7 +333,7 @@ class JobRunner:
                 job.message += f"; watching {job.input_path} for new objects"
             saved = self._store.save_job(job, self.owner)
             if saved is JobSave.NOT_HOLDER:
-                raise _LeaseLost()
+                raise LeaseLost()
             if saved is JobSave.NEW_INPUTS:
                 job.status, job.finished_at = JobStatus.RUNNING, None
                 return False
@@ -711,94 +346,41 @@ class JobRunner:
         return True
 
     def _fail(self, job: OfflineJob, report: RunReport, message: str) -> RunReport:
-        with self._live.lock:
+        """The job cannot run (no retry would help): failed, saying why."""
+        with self._lease.lock:
             job.status = JobStatus.FAILED
             job.finished_at = self._clock()
             job.message = message
-            self._save(job)
+            self._lease.save(job)
         logger.warning("offline job failed", extra={"job_id": job.job_id, "reason": message})
         report.outcome = RunOutcome.FAILED
         report.message = message
         return report
 
-    # --- lease, deadline, heartbeat -----------------------------------------------------------
+    def _stop_until_next_run(self, state: RunState, message: str) -> None:
+        """This run ends with the job unfinished (``message``: why); its next run goes on."""
+        state.job.message = message
+        state.report.outcome = RunOutcome.YIELDED
+        state.report.message = state.job.message
+        self._heartbeat(state, force=True)
 
-    def _renew(self, job: OfflineJob) -> None:
-        """Keep the lease (also the main thread's sign of life to its keepalive thread)."""
-        if self._live.lease_lost or not self._store.renew_job_lease(
-            job.job_id, self.owner, self._config.lease_s
-        ):
-            raise _LeaseLost()
-        self._live.alive_at = self._clock()
+    def _interrupted(self, job: OfflineJob, error: Exception) -> None:
+        """Infrastructure trouble (the object store, the metadata store): the job stays
+        unfinished, says why, and resumes in its next run; the caller hears the error."""
+        job.message = f"interrupted ({type(error).__name__}: {error}); resumes in its next run"
+        with contextlib.suppress(Exception):  # the store may be what failed
+            self._store.save_job(job, self.owner)  # only while the job is still this runner's
 
-    def _save(self, job: OfflineJob) -> None:
-        """Write the job's record, if the job is still this runner's (atomically: see save_job)."""
-        with self._live.lock:
-            if self._store.save_job(job, self.owner) is JobSave.NOT_HOLDER:
-                raise _LeaseLost()
+    # --- deadline, heartbeat ------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _keepalive(self, job: OfflineJob) -> Iterator[None]:
-        """While the block runs, a thread renews the lease and the job's heartbeat every
-        heartbeat period: a batch may wait long in its worker (for an idle moment, up to
-        compute.OFFLINE_INVOKE_TIMEOUT_S), and neither may lapse meanwhile."""
-        if not self._config.keepalive:
-            yield
-            return
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._keep_alive, args=(job, stop), name=f"offline-keepalive-{job.job_id}", daemon=True
-        )
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
+    def _deadline_near(self, state: RunState) -> bool:
+        return state.deadline is not None and self._clock() >= state.deadline - self._config.yield_margin_s
 
-    def _keep_alive(self, job: OfflineJob, stop: threading.Event) -> None:
-        live = self._live
-        warned = failing = False  # one log line per episode, not one per second
-        while not stop.wait(max(0.05, self._config.heartbeat_s)):
-            quiet_s = self._clock() - live.alive_at
-            if quiet_s > self._config.max_quiet_s:
-                if not warned:
-                    logger.warning(
-                        "the runner shows no life: its lease is left to expire",
-                        extra={"job_id": job.job_id, "quiet_s": round(quiet_s, 1)},
-                    )
-                    warned = True
-                continue
-            try:
-                with live.lock:
-                    if job.status is not JobStatus.RUNNING:
-                        continue  # finishing: the main thread writes the last word
-                    if not self._store.renew_job_lease(job.job_id, self.owner, self._config.lease_s):
-                        raise _LeaseLost()
-                    now = self._clock()
-                    if now - live.last_heartbeat >= self._config.heartbeat_s:
-                        job.heartbeat_at = live.last_heartbeat = now
-                        self._save(job)
-                failing = False
-            except _LeaseLost:
-                live.lease_lost = True  # the main thread stops at its next renewal
-                return
-            except Exception:  # the store unreachable: the lease may still hold at the next try
-                if not failing:
-                    logger.warning(
-                        "could not renew the job's lease", extra={"job_id": job.job_id}, exc_info=True
-                    )
-                failing = True
-
-    def _check_deadline(self, state: _RunState) -> None:
-        if state.deadline is not None and self._clock() >= state.deadline - self._config.yield_margin_s:
-            raise _Yield()
-
-    def _heartbeat(self, state: _RunState, force: bool = False) -> None:
+    def _heartbeat(self, state: RunState, force: bool = False) -> None:
         """Rewrite the job record (progress, pause state) at most once per heartbeat period."""
-        with self._live.lock:
+        with self._lease.lock:
             now = self._clock()
-            if not force and now - self._live.last_heartbeat < self._config.heartbeat_s:
+            if not force and now - self._lease.last_heartbeat < self._config.heartbeat_s:
                 return
             job = state.job
             job.done, job.errors = self._store.job_progress(job.job_id)
@@ -806,18 +388,21 @@ class JobRunner:
                 job.active_s += now - state.active_since
                 state.active_since = now
             job.heartbeat_at = now
-            self._live.last_heartbeat = now
-            self._save(job)
-
-
-def _running_on(state: _RunState) -> str:
-    if state.pipeline is None:
-        return state.variant.variant_id
-    return (
-        f"pipeline {state.pipeline.name!r} ({', '.join(s.variant.variant_id for s in state.stages.values())})"
-    )
+            self._lease.last_heartbeat = now
+            self._lease.save(job)
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+# Names importers have always found here, whose homes are now run_state, lease and results.
+__all__ = [
+    "MAX_SUMMARY_ERRORS",
+    "STALLED_AFTER_S",
+    "JobRunner",
+    "RunOutcome",
+    "RunReport",
+    "RunnerConfig",
+]

@@ -21,7 +21,7 @@ import numpy as np
 
 from modelless.dispatch.router import Dispatcher, QueryResult
 from modelless.exceptions import ModellessError
-from modelless.inputs import query_inputs
+from modelless.inputs.bodies import query_inputs
 from modelless.pipelines.spec import REQUEST_INPUT, PipelineSpec
 from modelless.pipelines.store import PipelineStore
 from modelless.types import QueryTargets
@@ -61,6 +61,21 @@ class PipelineRun:
     @property
     def met_slo(self) -> bool:
         return self.total_ms <= self.slo_ms
+
+
+@dataclass(frozen=True)
+class _Query:
+    """One pipeline query as its stages read it: the entry stage's batch, when the end-to-end
+    clock started (``perf_counter``), and per stage the expected latency and the longest path of
+    expected latencies after it, which its budget is cut from."""
+
+    app_id: str
+    spec: PipelineSpec
+    inputs: np.ndarray
+    query_id: str
+    started: float
+    expected: dict[str, float]
+    after: dict[str, float]
 
 
 class PipelineExecutor:
@@ -104,68 +119,11 @@ class PipelineExecutor:
         end-to-end clock starts."""
         query_id = query_id or uuid.uuid4().hex
         started = time.perf_counter() if received is None else received
-        batch = int(inputs.shape[0])
-        expected = dict(self._expected_ms(app_id, spec, batch))
-        after = spec.longest_path_after(expected)
+        expected = dict(self._expected_ms(app_id, spec, int(inputs.shape[0])))
+        query = _Query(app_id, spec, inputs, query_id, started, expected, spec.longest_path_after(expected))
         order = spec.topological_order()
-        runs: dict[str, StageRun] = {}
         branches: dict[str, bool] = {}
-
-        def run_stage(name: str) -> StageRun:
-            stage = spec.stage(name)
-            if stage.input == REQUEST_INPUT:
-                stage_inputs = inputs
-            else:
-                source = runs[stage.input].result
-                if source is None:
-                    return StageRun(name, stage.model, False, f"its input stage {stage.input!r} did not run")
-                contract = self._dispatcher.profiles.input_contract(app_id, stage.model)
-                stage_inputs = query_inputs(
-                    source.outputs.astype(np.float32).tolist(), contract, self._max_batch
-                )
-            begun = time.perf_counter()
-            elapsed_ms = (begun - started) * 1000
-            budget = max(spec.latencySlo - elapsed_ms - after[name], expected[name])
-            targets = QueryTargets(
-                app_id=app_id,
-                latency_ms=budget,
-                min_accuracy=_floor(spec, name),
-                model_name=stage.model,
-                batch=int(stage_inputs.shape[0]),
-            )
-            try:
-                result = self._dispatcher.online_query(targets, stage_inputs, f"{query_id}.{name}")
-            except ModellessError as error:
-                error.within(f"pipeline {spec.name!r}, stage {name!r}", stage=name)
-                raise
-            return StageRun(
-                name,
-                stage.model,
-                True,
-                None,
-                round(budget, 3),
-                round(expected[name], 3),
-                round(elapsed_ms, 3),
-                result,
-            )
-
-        pending = list(order)
-        while pending:
-            # The stages whose predecessors have all settled: they go now, side by side.
-            ready = [n for n in pending if spec.predecessors(n) <= runs.keys()]
-            to_run: list[str] = []
-            for name in ready:
-                pending.remove(name)
-                reason = self._why_skipped(spec, name, runs, branches)
-                if reason is None:
-                    to_run.append(name)
-                else:
-                    runs[name] = StageRun(name, spec.stage(name).model, False, reason)
-            if len(to_run) == 1:
-                runs[to_run[0]] = run_stage(to_run[0])
-            elif to_run:
-                for name, stage_run in zip(to_run, self._pool.map(run_stage, to_run), strict=True):
-                    runs[name] = stage_run
+        runs = self._run_stages(query, order, branches)
         total_ms = (time.perf_counter() - started) * 1000
         answered_by = _answering_stage(spec, order, runs)
         answer = runs[answered_by].result
@@ -181,6 +139,77 @@ class PipelineExecutor:
             slo_ms=spec.latencySlo,
             branches=branches,
         )
+
+    def _run_stages(self, query: _Query, order: list[str], branches: dict[str, bool]) -> dict[str, StageRun]:
+        """Every stage, run or skipped, wave by wave along the DAG (``branches``: each edge whose
+        source ran, taken or not). A wave's stages only read the waves before it, so they run
+        side by side; a wave of one runs on this thread (no hand-off to pay)."""
+        runs: dict[str, StageRun] = {}
+        pending = list(order)
+        while pending:
+            # The stages whose predecessors have all settled: they go now, side by side.
+            ready = [n for n in pending if query.spec.predecessors(n) <= runs.keys()]
+            to_run: list[str] = []
+            for name in ready:
+                pending.remove(name)
+                reason = self._why_skipped(query.spec, name, runs, branches)
+                if reason is None:
+                    to_run.append(name)
+                else:
+                    runs[name] = StageRun(name, query.spec.stage(name).model, False, reason)
+            if len(to_run) == 1:
+                runs[to_run[0]] = self._run_stage(query, runs, to_run[0])
+            elif to_run:
+                stage_runs = self._pool.map(lambda name: self._run_stage(query, runs, name), to_run)
+                for name, stage_run in zip(to_run, stage_runs, strict=True):
+                    runs[name] = stage_run
+        return runs
+
+    def _run_stage(self, query: _Query, runs: Mapping[str, StageRun], name: str) -> StageRun:
+        """One stage's online query, its latency target what remains of the SLO once the stages
+        after it are set aside (never less than its own expected latency: a late answer beats a
+        stage refused); skipped when the stage it reads from did not run."""
+        spec, stage = query.spec, query.spec.stage(name)
+        stage_inputs = self._stage_inputs(query, runs, name)
+        if stage_inputs is None:
+            return StageRun(name, stage.model, False, f"its input stage {stage.input!r} did not run")
+        begun = time.perf_counter()
+        elapsed_ms = (begun - query.started) * 1000
+        budget = max(spec.latencySlo - elapsed_ms - query.after[name], query.expected[name])
+        targets = QueryTargets(
+            app_id=query.app_id,
+            latency_ms=budget,
+            min_accuracy=_floor(spec, name),
+            model_name=stage.model,
+            batch=int(stage_inputs.shape[0]),
+        )
+        try:
+            result = self._dispatcher.online_query(targets, stage_inputs, f"{query.query_id}.{name}")
+        except ModellessError as error:
+            error.within(f"pipeline {spec.name!r}, stage {name!r}", stage=name)
+            raise
+        return StageRun(
+            name,
+            stage.model,
+            True,
+            None,
+            round(budget, 3),
+            round(query.expected[name], 3),
+            round(elapsed_ms, 3),
+            result,
+        )
+
+    def _stage_inputs(self, query: _Query, runs: Mapping[str, StageRun], name: str) -> np.ndarray | None:
+        """What the stage reads: the request's batch, or its input stage's outputs checked against
+        the stage's model's contract; None when that stage did not run."""
+        stage = query.spec.stage(name)
+        if stage.input == REQUEST_INPUT:
+            return query.inputs
+        source = runs[stage.input].result
+        if source is None:
+            return None
+        contract = self._dispatcher.profiles.input_contract(query.app_id, stage.model)
+        return query_inputs(source.outputs.astype(np.float32).tolist(), contract, self._max_batch)
 
     @staticmethod
     def _why_skipped(

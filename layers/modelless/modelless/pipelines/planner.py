@@ -21,8 +21,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.pipelines.spec import ConditionKind, PipelineSpec
-from modelless.pools.catalog import PoolKind, PoolSpec
 from modelless.scaling import (
     ScalingGroup,
     ScalingPlan,

@@ -8,15 +8,15 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from modelless.catalog import PoolSpec
 from modelless.dispatch.router import Dispatcher
 from modelless.exceptions import ConflictError, InvalidInputError, NotFoundError, PlannerUnavailableError
-from modelless.inputs import query_inputs
+from modelless.inputs.bodies import query_inputs
 from modelless.metadata.base import MetadataStore
 from modelless.pipelines.autopilot import ArrivalLog
 from modelless.pipelines.executor import PipelineExecutor, PipelineRun
 from modelless.pipelines.spec import PipelineSpec
 from modelless.pipelines.store import BranchCount, PipelineStore
-from modelless.pools.catalog import PoolSpec
 
 if TYPE_CHECKING:
     # The planner needs the solver (scipy), which the gateway's Lambda package leaves out: it is

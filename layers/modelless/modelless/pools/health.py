@@ -29,8 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from modelless.observability import logger
+from aws_lambda_powertools import Logger
+
 from modelless.pools.processes import ChildProcess
+
+# The embedded stack's own logger (the gateway process runs the pools): a child of its config.
+logger = Logger(service="gateway", child=True)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """How the dispatcher reaches compute: a pool worker over HTTP, or the Lambda tier.
 
-The payload is the same for both (the cpu_worker Lambda event), so a query can move between a
-worker and the Lambda tier without being re-encoded.
+Both take an ``Invocation`` and give back a ``Reply`` (``modelless.serving.invocation``), so a query can
+move between a worker and the Lambda tier as it is; each encodes it for its transport
+(``modelless.serving.wire``: frames to a worker, JSON to a Lambda function).
 """
 
 from __future__ import annotations
@@ -20,21 +21,22 @@ from modelless.exceptions import (
     WorkerBusyError,
     WorkerUnreachableError,
 )
-from modelless.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
 
 
 class WorkerInvoker(Protocol):
-    def invoke(self, address: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]: ...
+    def invoke(self, address: str, invocation: Invocation, timeout_s: float) -> Reply: ...
 
 
 class LambdaInvoker(Protocol):
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Run the payload on the Lambda tier; the result says whether it was a cold start."""
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
+        """Run the invocation on the Lambda tier; the reply says whether it was a cold start."""
 
 
 class HttpWorkerInvoker:
     """POSTs invocations to workers over keep-alive HTTP/1.1 connections, pooled per worker, in
-    binary frames (``modelless.wire``): a query's tensor crosses the hop as raw ``.npy`` bytes.
+    binary frames (``modelless.serving.wire``): a query's tensor crosses the hop as raw ``.npy`` bytes.
 
     The standard library's ``http.client``, not httpx: this call is on every query's path, and
     httpx spent ~1.0-1.3 ms of the gateway's CPU per call (request and response models, cookie
@@ -49,8 +51,8 @@ class HttpWorkerInvoker:
         self._lock = threading.Lock()
         self._closed = False
 
-    def invoke(self, address: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        body = encode_frames(payload)  # binary: the inputs go raw, not as base64 in JSON
+    def invoke(self, address: str, invocation: Invocation, timeout_s: float) -> Reply:
+        body = encode_frames(invocation.to_message())  # binary: the inputs go raw, not as base64 in JSON
         for attempt in range(2):
             connection, reused = self._checkout(address, timeout_s)
             try:
@@ -71,8 +73,8 @@ class HttpWorkerInvoker:
             else:
                 self._checkin(address, connection)
             framed = response.getheader("Content-Type", "").startswith(FRAMES_MEDIA_TYPE)
-            reply = decode_frames(data) if framed else json.loads(data)
-            return raise_for_worker_error(response.status, reply)
+            message = decode_frames(data) if framed else json.loads(data)
+            return Reply.from_message(raise_for_worker_error(response.status, message))
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _checkout(self, address: str, timeout_s: float) -> tuple[http.client.HTTPConnection, bool]:
@@ -153,7 +155,7 @@ THROTTLED = {"TooManyRequestsException", "EC2ThrottledException", "ResourceNotRe
 
 class AwsLambdaInvoker:
     """The Lambda tier in AWS: synchronous ``lambda:Invoke`` of the cpu_worker function that has
-    the variant's memory size (the payload's ``memory_mb``)."""
+    the variant's memory size (its profile's ``memory_mb``)."""
 
     def __init__(self, functions: str | Mapping[int, str], client: Any | None = None) -> None:
         from modelless import aws_clients
@@ -173,15 +175,15 @@ class AwsLambdaInvoker:
         larger = sorted(m for m in self._functions if m > memory_mb)
         return self._functions[larger[0] if larger else max(self._functions)]
 
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
         from botocore.exceptions import ClientError
 
-        function = self.function_for(int(payload.get("memory_mb") or 0))
+        function = self.function_for(invocation.variant.memory_mb)
         try:
             response = self._lambda.invoke(
                 FunctionName=function,
                 InvocationType="RequestResponse",
-                Payload=json.dumps(to_json_message(payload)),
+                Payload=json.dumps(to_json_message(invocation.to_message())),
             )
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
@@ -191,4 +193,4 @@ class AwsLambdaInvoker:
         body: dict[str, Any] = json.loads(response["Payload"].read())
         if response.get("FunctionError"):
             raise ServiceUnavailableError(f"Lambda tier failed: {body.get('errorMessage', body)}")
-        return raise_for_worker_error(int(body.get("statusCode", 200)), body)
+        return Reply.from_message(raise_for_worker_error(int(body.get("statusCode", 200)), body))

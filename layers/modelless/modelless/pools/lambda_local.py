@@ -13,23 +13,23 @@ An invocation takes an idle container that holds its variant before any other id
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from modelless.catalog import LAMBDA_MB_PER_VCPU, lambda_threads
 from modelless.exceptions import ServiceUnavailableError, WorkerUnreachableError
-from modelless.pools.catalog import LAMBDA_MB_PER_VCPU, lambda_threads
 from modelless.pools.health import HealthPolicy, ProcessWatch, Verdict
 from modelless.pools.invokers import raise_for_worker_error
 from modelless.pools.processes import ChildProcess, spawn
-from modelless.selection import LambdaTierState
-from modelless.types import InstanceState, InstanceStats, WorkerState
-from modelless.wire import to_json_message
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.wire import to_json_message
+from modelless.types import InstanceState, InstanceStats, LambdaTierState, WorkerState
 
 INVOKE_PATH = "/2015-03-31/functions/function/invocations"  # the Lambda runtime emulator's path
 LAMBDA_TIER_ID = "lambda-tier"
@@ -62,7 +62,7 @@ class _Container:
 
 
 @dataclass(eq=False)
-class _Invocation:
+class _Running:
     """One invocation running in a container: its reply (or error) once done."""
 
     done: threading.Event = field(default_factory=threading.Event)
@@ -115,52 +115,52 @@ class LocalLambdaTier:
         self._watch = ProcessWatch(self._children, self._judged, self._recovered, health or CONTAINER_HEALTH)
         self._watch.start("lambda-tier-health")
 
-    def invoke(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    def invoke(self, invocation: Invocation, timeout_s: float) -> Reply:
         # One deadline for the whole invocation: the wait for a container, a cold start, the run.
         deadline = time.monotonic() + timeout_s
         # Each memory size is its own function in AWS: containers serve one size only.
         container, cold = self._acquire(
-            int(payload.get("memory_mb") or self.memory_mb), deadline, str(payload.get("variant_id", ""))
+            invocation.variant.memory_mb or self.memory_mb, deadline, invocation.variant_id
         )
         # The run goes on in a thread of its own, as a Lambda invocation runs to its end whether
         # or not its caller still waits: a container that is slow, not dead, is not killed for it
         # and serves the next invocation once this one is done.
-        invocation = _Invocation()
+        running = _Running()
         threading.Thread(
-            target=self._run_in, args=(container, payload, invocation), name="lambda-invoke", daemon=True
+            target=self._run_in, args=(container, invocation, running), name="lambda-invoke", daemon=True
         ).start()
-        if not invocation.done.wait(max(0.0, deadline - time.monotonic())):
+        if not running.done.wait(max(0.0, deadline - time.monotonic())):
             raise ServiceUnavailableError(
                 f"Lambda tier: the invocation did not complete within {timeout_s:.3g} s "
                 "(its container finishes it, then serves the next)"
             )
-        if invocation.error is not None:
+        if running.error is not None:
             raise WorkerUnreachableError(
-                f"Lambda container did not answer: {invocation.error!r}"
-            ) from invocation.error
-        response = invocation.response
+                f"Lambda container did not answer: {running.error!r}"
+            ) from running.error
+        response = running.response
         assert response is not None  # done is set after a response or an error
-        body = raise_for_worker_error(
+        message = raise_for_worker_error(
             int(response.json().get("statusCode", response.status_code)), response.json()
         )
-        body["cold_start"] = cold
-        body["init_ms"] = container.child.started_ms if cold else 0.0
-        return body
+        # The container's own start is measured here, where it was waited for.
+        init_ms = container.child.started_ms if cold else 0.0
+        return dataclasses.replace(Reply.from_message(message), cold_start=cold, init_ms=init_ms)
 
-    def _run_in(self, container: _Container, payload: dict[str, Any], invocation: _Invocation) -> None:
+    def _run_in(self, container: _Container, invocation: Invocation, running: _Running) -> None:
         try:
-            invocation.response = self._client.post(
+            running.response = self._client.post(
                 f"{container.child.address}{INVOKE_PATH}",
-                json=to_json_message(payload),  # a Lambda event is JSON: its arrays as base64
+                json=to_json_message(invocation.to_message()),  # a Lambda event is JSON: arrays as base64
                 timeout=FUNCTION_TIMEOUT_S,
             )
         except Exception as error:  # httpx's, or the tier closed meanwhile: the caller hears it
             # Dead, or past the function's timeout (where Lambda ends a function too): not reused.
-            invocation.error = error
+            running.error = error
             self._discard(container)
         finally:
-            self._release(container, payload)
-            invocation.done.set()
+            self._release(container, invocation.variant_id)
+            running.done.set()
 
     def _acquire(self, memory_mb: int, deadline: float, variant_id: str = "") -> tuple[_Container, bool]:
         with self._cond:
@@ -249,12 +249,11 @@ class LocalLambdaTier:
             child.stop(timeout_s=1.0)
         start.done.set()
 
-    def _release(self, container: _Container, payload: dict[str, Any]) -> None:
+    def _release(self, container: _Container, variant_id: str) -> None:
         with self._cond:
             container.busy = False
             container.invocations += 1
             container.last_used = time.monotonic()
-            variant_id = str(payload.get("variant_id", ""))
             if variant_id:
                 container.variants.add(variant_id)
             self._cond.notify()

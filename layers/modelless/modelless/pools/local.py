@@ -10,14 +10,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from aws_lambda_powertools import Logger
+
 from modelless import worker
-from modelless.observability import logger
-from modelless.pools.catalog import PoolSpec
+from modelless.catalog import PoolSpec
 from modelless.pools.health import HealthPolicy, ProcessWatch, Verdict
 from modelless.pools.processes import ChildProcess, spawn
 from modelless.pools.provider import InstancePlacer
 from modelless.types import VariantProfile
 from modelless.worker import WorkerLaunch
+
+# The embedded stack's own logger (the gateway process runs the pools): a child of its config.
+logger = Logger(service="gateway", child=True)
 
 # Called with a worker's id when it must leave selection now: it died, hung, or stopped
 # answering (every health period while it stays silent). The embedded stack removes its report

@@ -1,16 +1,17 @@
-"""The pool provider interface: how the scaler's plan becomes running workers.
+"""What the pool providers share: how the scaler's plan becomes running workers.
 
-Two backends: ``local`` (real worker processes on this machine) and ``aws`` (an EC2 Auto Scaling
-group per pool, driven through its desired capacity, scale-in choosing which instances leave).
-Both make the workers hold the plan's variant instances the same way: ``InstancePlacer`` calls
-each worker's own HTTP API (``GET /stats``, ``POST /unload``, ``POST /load`` of
-``modelless.worker.server``) at the address the worker advertises.
+The interface the scaler drives is ``modelless.scaling.provider.PoolProvider``; its two backends
+are ``modelless.pools.local`` (real worker processes on this machine) and ``modelless.pools.aws``
+(an EC2 Auto Scaling group per pool, driven through its desired capacity, scale-in choosing which
+instances leave). Both make the workers hold the plan's variant instances the same way:
+``InstancePlacer`` calls each worker's own HTTP API (``GET /stats``, ``POST /unload``,
+``POST /load`` of ``modelless.worker.server``) at the address the worker advertises.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 from aws_lambda_powertools import Logger
@@ -18,22 +19,6 @@ from aws_lambda_powertools import Logger
 from modelless.types import InstanceStats, VariantProfile, WorkerState
 
 logger = Logger(service="pools")
-
-
-class PoolProvider(Protocol):
-    def size(self, pool: str) -> int:
-        """Workers the pool has (or is bringing up) now."""
-
-    def scale(self, pool: str, workers: int) -> int:
-        """Ask for ``workers`` workers, clamped to the pool's bounds; returns what was asked."""
-
-    def assign(self, pool: str, instances: Mapping[str, int], profiles: Mapping[str, VariantProfile]) -> None:
-        """Make the pool hold ``instances`` (variant id -> instances); ``profiles`` describes those
-        variants (what a worker needs to load one)."""
-
-    def heal(self, pool: str) -> list[str]:
-        """Have the pool's dead or hung workers replaced (where the provider does not do it on
-        its own); returns the ids of the workers replaced since the last call."""
 
 
 # How long one ``POST /unload`` waits for the instance's queries to finish before it answers

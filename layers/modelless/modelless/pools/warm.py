@@ -4,7 +4,7 @@ Each scaler tick names, per Lambda variant, the containers of its memory size th
 warm. Nothing tells which containers of a Lambda function are warm (AWS does not say; an idle one
 is kept for minutes, then recycled), so the pool keeps them warm the way Lambda users do:
 ``count`` concurrent warm-up invocations of the variant (one row of zeros,
-``runtime.warmup_payload``), which Lambda spreads over ``count`` containers, starting those it
+``runtime.warmup_invocation``), which Lambda spreads over ``count`` containers, starting those it
 lacks. The variants of one memory size take turns, each round once the last has answered: the
 next round's invocations then find the same containers idle (Lambda hands the warmest idle
 container first) and load their variant beside the last, so that every container holds them all.
@@ -18,18 +18,19 @@ deployment pays for it, keeps the containers warm without them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any
 
 from aws_lambda_powertools import Logger
 
 from modelless.metadata.base import MetadataStore
 from modelless.pools.invokers import LambdaInvoker
-from modelless.runtime import warmup_payload
 from modelless.scaling.warm_pool import within
+from modelless.serving.invocation import Invocation
+from modelless.serving.runtime import warmup_invocation
 from modelless.types import VariantProfile
 
 logger = Logger(service="scaler", child=True)
@@ -78,7 +79,7 @@ class InvokingWarmPool:
             memory = profiles[variant_id].memory_mb
             sizes[memory] = max(sizes.get(memory, 0), count)
         sizes = within(sizes, self._capacity)
-        rounds: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+        rounds: dict[int, list[tuple[str, Invocation]]] = {}
         for variant_id in sorted(containers):
             variant = profiles[variant_id]
             count = min(containers[variant_id], sizes[variant.memory_mb])
@@ -89,7 +90,7 @@ class InvokingWarmPool:
             if record is None:
                 continue  # deleted since the tick read its profiles
             self._warmed[variant_id] = (now, count)
-            rounds.setdefault(variant.memory_mb, []).append((variant_id, warmup_payload(variant, record)))
+            rounds.setdefault(variant.memory_mb, []).append((variant_id, warmup_invocation(variant, record)))
         self._in_flight = {round_ for round_ in self._in_flight if not round_.done()}
         for memory, due in rounds.items():
             self._in_flight.add(self._rounds.submit(self._warm_in_turn, due, sizes[memory]))
@@ -102,17 +103,20 @@ class InvokingWarmPool:
         self._in_flight = set(pending)
         return len(pending)
 
-    def _warm_in_turn(self, due: list[tuple[str, dict[str, Any]]], count: int) -> None:
+    def _warm_in_turn(self, due: list[tuple[str, Invocation]], count: int) -> None:
         """One memory size's variants, one round each: ``count`` invocations at once, the next
         round once they have answered."""
-        for variant_id, payload in due:
+        for variant_id, invocation in due:
             # Submitted together, they overlap; each under a correlation id of its own.
-            copies = [{**payload, "correlation_id": f"warmup-{uuid.uuid4().hex}"} for _ in range(count)]
+            copies = [
+                dataclasses.replace(invocation, correlation_id=f"warmup-{uuid.uuid4().hex}")
+                for _ in range(count)
+            ]
             wait([self._invocations.submit(self._warm, variant_id, copy) for copy in copies])
 
-    def _warm(self, variant_id: str, payload: dict[str, Any]) -> None:
+    def _warm(self, variant_id: str, invocation: Invocation) -> None:
         try:
-            self._invoker.invoke(payload, self._timeout_s)
+            self._invoker.invoke(invocation, self._timeout_s)
         except Exception as error:  # a failed warm-up costs a cold start later, nothing more
             logger.warning("keep-warm invocation failed", extra={"variant": variant_id, "error": str(error)})
             self._warmed.pop(variant_id, None)  # try again next tick

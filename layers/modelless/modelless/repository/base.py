@@ -45,20 +45,3 @@ def fetch_to_cache(repository: ModelRepository, key: str, cache_dir: Path) -> Pa
             raise
         partial.replace(target)  # atomic: concurrent loaders never read half a file
     return target
-
-
-def open_repository(url: str) -> ModelRepository:
-    """``file:///path`` or a plain path, ``s3://bucket/prefix`` (endpoint from
-    AWS_ENDPOINT_URL_S3), or ``memory://`` (one process's dictionary: tests)."""
-    if url.startswith("s3://"):
-        from modelless.repository.s3 import S3ModelRepository
-
-        bucket, _, prefix = url[len("s3://") :].partition("/")
-        return S3ModelRepository(bucket, prefix)
-    if url == "memory://":
-        from modelless.repository.memory import InMemoryModelRepository
-
-        return InMemoryModelRepository()
-    from modelless.repository.local import LocalModelRepository
-
-    return LocalModelRepository(Path(url.removeprefix("file://")))

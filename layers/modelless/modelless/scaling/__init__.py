@@ -1,4 +1,4 @@
-"""The variant-mix program (DESIGN §5): how many instances of which variant on which pool,
+"""The variant-mix program (docs/ARCHITECTURE.md §5): how many instances of which variant on which pool,
 how many workers, and what is left to Lambda. Pure functions over explicit inputs."""
 
 from modelless.scaling.bridge import start_up_bridge

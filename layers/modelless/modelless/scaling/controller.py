@@ -18,21 +18,21 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from aws_lambda_powertools import Logger
 
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.exceptions import StoreUnavailableError
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import PoolKind, PoolSpec
-from modelless.pools.provider import PoolProvider
 from modelless.query_load import QueryGroup
 from modelless.scaling.envelope import Provisioning, provision
 from modelless.scaling.exact import solve_exact
 from modelless.scaling.problem import (
     ScalingGroup,
     ScalingPlan,
+    ScalingPool,
     ScalingProblem,
     ScalingVariant,
     lambda_choice,
@@ -40,9 +40,10 @@ from modelless.scaling.problem import (
     pool_from_spec,
     variant_from_profile,
 )
+from modelless.scaling.provider import PoolProvider
 from modelless.scaling.warm_pool import LambdaWarmPool, WarmDemand, burst_rate, warm_containers
-from modelless.tuning.capacity import reported_tuning, tuned_profile
-from modelless.types import VariantProfile
+from modelless.tuning.capacity import TunedCapacity, reported_tuning, tuned_profile
+from modelless.types import VariantProfile, WorkerState
 
 logger = Logger(service="scaler", child=True)
 
@@ -198,6 +199,75 @@ def record_plan(store: MetadataStore, report: ScalingReport, at: float) -> None:
         logger.debug("scaling plan not recorded", extra={"error": error.message})
 
 
+@dataclass
+class _PlannedGroups:
+    """The program's groups, and what their Lambda variants need (``Scaler._scaling_groups``)."""
+
+    groups: list[ScalingGroup] = field(default_factory=list)
+    lambda_takes_bursts: dict[str, bool] = field(default_factory=dict)  # group -> a cold start fits
+    warm_demands: list[WarmDemand] = field(default_factory=list)
+    lambda_profiles: dict[str, VariantProfile] = field(default_factory=dict)  # those kept warm
+
+
+def _what_runs(
+    workers: Iterable[WorkerState],
+) -> tuple[dict[str, int], dict[str, dict[str, int]], dict[str, int]]:
+    """From the workers that report: instances per variant, instances per pool and variant, and
+    the ready workers per pool."""
+    running: dict[str, int] = defaultdict(int)
+    running_in: dict[str, dict[str, int]] = defaultdict(dict)  # pool -> variant -> instances
+    ready: dict[str, int] = defaultdict(int)  # pool -> workers that report: running
+    for worker in workers:
+        ready[worker.pool] += 1
+        for instance in worker.instances:
+            running[instance.variant_id] += 1
+            in_pool = running_in[worker.pool]
+            in_pool[instance.variant_id] = in_pool.get(instance.variant_id, 0) + 1
+    return running, running_in, ready
+
+
+def _eligible_profiles(
+    groups: Mapping[str, tuple[QueryGroup, list[VariantProfile]]],
+    scaling_groups: Sequence[ScalingGroup],
+    tuned: Mapping[str, TunedCapacity],
+    managed: Mapping[str, PoolSpec],
+) -> dict[str, tuple[VariantProfile, list[ScalingGroup]]]:
+    """Variant id -> its profile (tuned where its tuner reported) and the groups it may serve,
+    for the variants of the managed pools."""
+    by_id = {g.id: g for g in scaling_groups}
+    eligible: dict[str, tuple[VariantProfile, list[ScalingGroup]]] = {}
+    for key, (_, candidates) in groups.items():
+        for profile in candidates:
+            if profile.variant_id in tuned:
+                profile = tuned_profile(profile, tuned[profile.variant_id])
+            if profile.pool in managed:
+                eligible.setdefault(profile.variant_id, (profile, []))[1].append(by_id[key])
+    return eligible
+
+
+def _scaling_variants(
+    eligible: Mapping[str, tuple[VariantProfile, list[ScalingGroup]]],
+    managed: Mapping[str, PoolSpec],
+    running: Mapping[str, int],
+    tuned: Mapping[str, TunedCapacity],
+) -> list[ScalingVariant]:
+    """The program's variants: those that serve some group within its budget."""
+    variants: list[ScalingVariant] = []
+    for profile, its_groups in eligible.values():
+        variant = variant_from_profile(
+            profile, managed[profile.pool], its_groups, running=running.get(profile.variant_id, 0)
+        )
+        if profile.variant_id in tuned:
+            # Its configuration runs this many batches at once, each as slow as measured.
+            concurrency = tuned[profile.variant_id].config.concurrency
+            variant = replace(
+                variant, saturation_qps={g: q * concurrency for g, q in variant.saturation_qps.items()}
+            )
+        if variant.saturation_qps:
+            variants.append(variant)
+    return variants
+
+
 class Scaler:
     def __init__(
         self,
@@ -231,6 +301,45 @@ class Scaler:
 
     def build_problem(self, now: float) -> Snapshot:
         """The program for the load of the last window, with what it was built from."""
+        load, series, peaks = self._measured_load(now)
+        floors, demand = self._planned_demand(load, now)
+        groups = {key: self._candidates(key) for key in demand}
+        workers = self._store.list_workers()
+        # What the workers' tuners reached (modelless.tuning): a tuned variant is planned with its
+        # measured capacity under its configuration, not the registration-time profile.
+        tuned = reported_tuning(workers)
+        running, running_in, ready = _what_runs(workers)
+        managed = {spec.name: spec for spec in self.managed_pools()}
+        planned = self._scaling_groups(groups, demand, peaks)
+        lambda_warm = warm_containers(planned.warm_demands, self._config.lambda_concurrency)
+        eligible = _eligible_profiles(groups, planned.groups, tuned, managed)
+        variants = _scaling_variants(eligible, managed, running, tuned)
+        pools = self._scaling_pools(managed, ready)
+        if self._config.one_instance_per_worker:
+            pools, variants = one_instance_per_worker(pools, variants)
+        problem = ScalingProblem(
+            variants=variants,
+            pools=pools,
+            groups=planned.groups,
+            slack=self._config.slack,
+            load_cost_weight=self._config.load_cost_weight,
+            horizon_s=self._config.horizon_s,
+            lambda_concurrency=self._config.lambda_concurrency,
+        )
+        provisioned: dict[str, Provisioning] = {}
+        if self._config.provision_for_envelope and planned.groups:
+            problem, provisioned = self._for_envelope(problem, series, peaks, planned.lambda_takes_bursts)
+        profiles = {variant.id: eligible[variant.id][0] for variant in variants}
+        running_now = {pool: dict(v) for pool, v in running_in.items()}
+        return Snapshot(
+            problem, load, profiles, running_now, provisioned, floors, lambda_warm, planned.lambda_profiles
+        )
+
+    def _measured_load(
+        self, now: float
+    ) -> tuple[dict[str, float], dict[str, list[int]], dict[str, list[int]]]:
+        """Each group's mean load over the window, and where the plan provisions for envelopes,
+        its arrivals per second and its peaks over the envelope's history."""
         load = self._store.recent_load(self._config.window_s, now)
         series: dict[str, list[int]] = {}
         peaks: dict[str, list[int]] = {}
@@ -241,50 +350,48 @@ class Scaler:
             peaks = self._store.peak_series(self._config.envelope_history_s, now)
             for key in series:
                 load.setdefault(key, 0.0)
-        # What each group is planned for: its measured load, raised to its floor where it has one.
+        return load, series, peaks
+
+    def _planned_demand(
+        self, load: Mapping[str, float], now: float
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """The demand floors, and what each group is planned for: its measured load, raised to
+        its floor where it has one."""
         floors = dict(self._demand_floors(now)) if self._demand_floors is not None else {}
         demand = dict(load)
         for key, qps in floors.items():
             demand[key] = max(demand.get(key, 0.0), qps)
-        groups: dict[str, tuple[QueryGroup, list[VariantProfile]]] = {}
-        for key in demand:
-            group = QueryGroup.parse(key)
-            candidates = self._store.candidate_variants(group.app_id, group.min_accuracy, group.model_name)
-            groups[key] = (group, candidates)
+        return floors, demand
 
-        running: dict[str, int] = defaultdict(int)
-        running_in: dict[str, dict[str, int]] = defaultdict(dict)  # pool -> variant -> instances
-        ready: dict[str, int] = defaultdict(int)  # pool -> workers that report: running
-        workers = self._store.list_workers()
-        # What the workers' tuners reached (modelless.tuning): a tuned variant is planned with its
-        # measured capacity under its configuration, not the registration-time profile.
-        tuned = reported_tuning(workers)
-        for worker in workers:
-            ready[worker.pool] += 1
-            for instance in worker.instances:
-                running[instance.variant_id] += 1
-                in_pool = running_in[worker.pool]
-                in_pool[instance.variant_id] = in_pool.get(instance.variant_id, 0) + 1
+    def _candidates(self, key: str) -> tuple[QueryGroup, list[VariantProfile]]:
+        """The query group of ``key`` and the variants that may serve it."""
+        group = QueryGroup.parse(key)
+        return group, self._store.candidate_variants(group.app_id, group.min_accuracy, group.model_name)
 
-        managed = {spec.name: spec for spec in self.managed_pools()}
-        scaling_groups = []
-        lambda_takes_bursts: dict[str, bool] = {}
-        warm_demands: list[WarmDemand] = []
-        lambda_profiles: dict[str, VariantProfile] = {}
+    def _scaling_groups(
+        self,
+        groups: Mapping[str, tuple[QueryGroup, list[VariantProfile]]],
+        demand: Mapping[str, float],
+        peaks: Mapping[str, list[int]],
+    ) -> _PlannedGroups:
+        """The program's groups, each with Lambda's price where a Lambda variant meets its
+        budget; whether a cold start fits its budget (its bursts may go to Lambda), and where it
+        does not, the warm containers its bursts need."""
+        planned = _PlannedGroups()
         for key, (group, candidates) in groups.items():
             on_lambda = [v for v in candidates if self._is_lambda(v.pool)]
             choice = lambda_choice(on_lambda, group.latency_ms)
-            lambda_takes_bursts[key] = any(
+            planned.lambda_takes_bursts[key] = any(
                 self._config.lambda_init_ms + v.load_latency_ms + v.latency_ms(1) <= group.latency_ms
                 for v in on_lambda
             )
             seconds = 0.0 if choice is None else choice.latency_ms(1) / 1000.0
-            if choice is not None and not lambda_takes_bursts[key]:
+            if choice is not None and not planned.lambda_takes_bursts[key]:
                 # Only a warm container serves this group's queries on Lambda in time.
                 rate = burst_rate(peaks.get(key, []), demand[key])
-                warm_demands.append(WarmDemand(choice.variant_id, choice.memory_mb, rate, seconds))
-                lambda_profiles[choice.variant_id] = choice
-            scaling_groups.append(
+                planned.warm_demands.append(WarmDemand(choice.variant_id, choice.memory_mb, rate, seconds))
+                planned.lambda_profiles[choice.variant_id] = choice
+            planned.groups.append(
                 ScalingGroup(
                     id=key,
                     load_qps=demand[key],
@@ -293,28 +400,10 @@ class Scaler:
                     lambda_seconds_per_query=seconds,
                 )
             )
-        lambda_warm = warm_containers(warm_demands, self._config.lambda_concurrency)
-        by_id = {g.id: g for g in scaling_groups}
-        eligible: dict[str, tuple[VariantProfile, list[ScalingGroup]]] = {}
-        for key, (_, candidates) in groups.items():
-            for profile in candidates:
-                if profile.variant_id in tuned:
-                    profile = tuned_profile(profile, tuned[profile.variant_id])
-                if profile.pool in managed:
-                    eligible.setdefault(profile.variant_id, (profile, []))[1].append(by_id[key])
-        variants: list[ScalingVariant] = []
-        for profile, its_groups in eligible.values():
-            variant = variant_from_profile(
-                profile, managed[profile.pool], its_groups, running=running.get(profile.variant_id, 0)
-            )
-            if profile.variant_id in tuned:
-                # Its configuration runs this many batches at once, each as slow as measured.
-                concurrency = tuned[profile.variant_id].config.concurrency
-                variant = replace(
-                    variant, saturation_qps={g: q * concurrency for g, q in variant.saturation_qps.items()}
-                )
-            if variant.saturation_qps:
-                variants.append(variant)
+        return planned
+
+    def _scaling_pools(self, managed: Mapping[str, PoolSpec], ready: Mapping[str, int]) -> list[ScalingPool]:
+        """The managed pools as the program sees them: their bounds, size and ready workers."""
         pools = []
         for spec in managed.values():
             size = self._provider.size(spec.name)
@@ -328,25 +417,7 @@ class Scaler:
                     startup_s=self._config.worker_startup_s,
                 )
             )
-        if self._config.one_instance_per_worker:
-            pools, variants = one_instance_per_worker(pools, variants)
-        problem = ScalingProblem(
-            variants=variants,
-            pools=pools,
-            groups=scaling_groups,
-            slack=self._config.slack,
-            load_cost_weight=self._config.load_cost_weight,
-            horizon_s=self._config.horizon_s,
-            lambda_concurrency=self._config.lambda_concurrency,
-        )
-        provisioned: dict[str, Provisioning] = {}
-        if self._config.provision_for_envelope and scaling_groups:
-            problem, provisioned = self._for_envelope(problem, series, peaks, lambda_takes_bursts)
-        profiles = {variant.id: eligible[variant.id][0] for variant in variants}
-        running_now = {pool: dict(v) for pool, v in running_in.items()}
-        return Snapshot(
-            problem, load, profiles, running_now, provisioned, floors, lambda_warm, lambda_profiles
-        )
+        return pools
 
     def _for_envelope(
         self,

@@ -31,7 +31,7 @@ HOLD_S_PER_RUNNING = 50e-6
 HOLD_S_FIXED = 0.005
 # A solver asked to stop by a time (HiGHS's time_limit) stops a little after it: up to 0.1 s was
 # measured at 500 architectures (bench/scaler.py), and a call that runs on past this is abandoned
-# (``exact.HIGHS_GRACE_S``). Kept back from the deadline with the holding plan's time.
+# (``highs.HIGHS_GRACE_S``). Kept back from the deadline with the holding plan's time.
 STOP_SLACK_S = 0.08
 CHECK_EVERY = 256  # loop iterations between two looks at the clock
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from modelless.scaling.bridge import finish_plan, with_bridge
@@ -186,35 +186,84 @@ def _solve_greedy(
 def _greedy_pass(
     problem: ScalingProblem, caps: Mapping[str, int | None], deadline: Deadline | None = None
 ) -> ScalingPlan:
+    """One pass of the greedy (module docstring), with the pools capped at ``caps``: the groups
+    in order, each served by spare capacity, then by instances added one at a time, then by
+    Lambda; what is left is unmet. Raises :class:`OutOfTime` past the ``deadline``."""
     if deadline is not None and GREEDY_S_PER_VARIANT * len(problem.variants) > deadline.left():
         raise OutOfTime  # its first reading of the variants alone would run past the deadline
-    pools = {pool.name: _Pool(pool, caps[pool.name]) for pool in problem.pools}
-    count: dict[str, int] = {v.id: 0 for v in problem.variants}
-    placed: dict[str, ScalingVariant] = {}  # the variants with an instance in the plan
-    used: dict[str, float] = {v.id: 0.0 for v in problem.variants}  # instances' worth of load placed
-    price: dict[str, float] = {}
-    load_cost: dict[str, float] = {}
-    eligible_for: dict[str, list[ScalingVariant]] = {}  # group -> variants that may serve it
+    state = _Pass(problem, caps)
     reading = time.perf_counter()
-    for position, variant in enumerate(problem.variants):
-        if deadline is not None and position % CHECK_EVERY == 0:
-            deadline.check()
-        price[variant.id] = problem.instance_price(variant)
-        load_cost[variant.id] = problem.load_cost(variant)
-        if problem.per_worker(variant) > 0:
-            for group_id, q in variant.saturation_qps.items():
-                if q > 0:
-                    eligible_for.setdefault(group_id, []).append(variant)
+    state.read_variants(deadline)
     if deadline is not None:
         # What comes after the placing (the plan read off the counts, its costs, and after the
         # last pass the bridge) reads no clock: it is kept back from the placing, a share of this
         # reading of the variants, so that a slower or busier machine keeps back more.
         deadline = deadline.keeping_back(FINISH_PER_READ, reading)
-    served: dict[tuple[str, str], float] = {}
-    lambda_qps: dict[str, float] = {}
-    unmet_qps: dict[str, float] = {}
+    order = _group_order(problem)
+    state.rate_groups(order)
+    for group in order:
+        if deadline is not None:
+            deadline.check()
+        state.serve_group(group, deadline)
+    return state.plan()
 
-    def unit_cost(variant: ScalingVariant) -> float:
+
+class _Pass:
+    """The state of one greedy pass: the pools being filled, the instances placed and the load
+    they carry, what each group got (instances, Lambda, unmet) and what is left of Lambda's
+    concurrency."""
+
+    def __init__(self, problem: ScalingProblem, caps: Mapping[str, int | None]) -> None:
+        self.problem = problem
+        self.pools = {pool.name: _Pool(pool, caps[pool.name]) for pool in problem.pools}
+        self.count: dict[str, int] = {v.id: 0 for v in problem.variants}
+        self.placed: dict[str, ScalingVariant] = {}  # the variants with an instance in the plan
+        # instances' worth of load placed
+        self.used: dict[str, float] = {v.id: 0.0 for v in problem.variants}
+        self.price: dict[str, float] = {}
+        self.load_cost: dict[str, float] = {}
+        self.eligible_for: dict[str, list[ScalingVariant]] = {}  # group -> variants that may serve it
+        self.served: dict[tuple[str, str], float] = {}
+        self.lambda_qps: dict[str, float] = {}
+        self.unmet_qps: dict[str, float] = {}
+        # Lambda's account concurrency left (inf: no limit), in executions.
+        self.lambda_room = math.inf if problem.lambda_concurrency is None else problem.lambda_concurrency
+        self.pending: dict[str, float] = {}  # groups not yet served, with their need
+        # What serving a group alone would cost per QPS (cheapest whole-instance cover, or Lambda):
+        # the value of leftover capacity that a group still to come can use.
+        self.rate: dict[str, float] = {}
+
+    def read_variants(self, deadline: Deadline | None) -> None:
+        """Each variant's instance price and load cost, and the groups it may serve."""
+        problem, price, load_cost, eligible_for = self.problem, self.price, self.load_cost, self.eligible_for
+        for position, variant in enumerate(problem.variants):
+            if deadline is not None and position % CHECK_EVERY == 0:
+                deadline.check()
+            price[variant.id] = problem.instance_price(variant)
+            load_cost[variant.id] = problem.load_cost(variant)
+            if problem.per_worker(variant) > 0:
+                for group_id, q in variant.saturation_qps.items():
+                    if q > 0:
+                        eligible_for.setdefault(group_id, []).append(variant)
+
+    def rate_groups(self, order: Sequence[ScalingGroup]) -> None:
+        """Every group's need (all pending), and its stand-alone rate where it has load."""
+        problem = self.problem
+        self.pending = pending = {g.id: problem.need(g) for g in order}
+        for group in order:
+            need = pending[group.id]
+            if need <= EPS:
+                continue
+            options = [
+                math.ceil(need / v.saturation_qps[group.id] - 1e-9) * self.price[v.id]
+                for v in self.eligible_for.get(group.id, [])
+            ]
+            lambda_price = problem.lambda_price(group)
+            if lambda_price is not None:
+                options.append(lambda_price * need)
+            self.rate[group.id] = min(options) / need if options else 0.0
+
+    def unit_cost(self, variant: ScalingVariant) -> float:
         """What one more instance costs: its share of a worker (the dominant resource's), plus
         loading it unless an instance is already running idle.
 
@@ -222,44 +271,25 @@ def _greedy_pass(
         fill it with slow variants and need more workers later (a 36% gap at 50 architectures
         against 11% with the share, on bench_scaler's instances).
         """
-        fresh = count[variant.id] >= variant.running
-        return price[variant.id] + (load_cost[variant.id] if fresh else 0.0)
+        fresh = self.count[variant.id] >= variant.running
+        return self.price[variant.id] + (self.load_cost[variant.id] if fresh else 0.0)
 
-    def serve(variant: ScalingVariant, group: ScalingGroup, instances: float) -> float:
+    def serve(self, variant: ScalingVariant, group: ScalingGroup, instances: float) -> float:
+        """``instances`` instances' worth of ``variant``'s time to ``group``: the QPS served."""
         q = variant.saturation_qps[group.id]
-        used[variant.id] += instances
+        self.used[variant.id] += instances
         key = (variant.id, group.id)
-        served[key] = served.get(key, 0.0) + instances * q
+        self.served[key] = self.served.get(key, 0.0) + instances * q
         return instances * q
 
-    # Lambda's account concurrency left (inf: no limit), in executions.
-    lambda_room = math.inf if problem.lambda_concurrency is None else problem.lambda_concurrency
+    def lambda_seconds(self, group: ScalingGroup) -> float:
+        return group.lambda_seconds_per_query if self.problem.lambda_concurrency is not None else 0.0
 
-    def lambda_seconds(group: ScalingGroup) -> float:
-        return group.lambda_seconds_per_query if problem.lambda_concurrency is not None else 0.0
-
-    order = _group_order(problem)
-    pending = {g.id: problem.need(g) for g in order}  # groups not yet served, with their need
-    # What serving a group alone would cost per QPS (cheapest whole-instance cover, or Lambda):
-    # the value of leftover capacity that a group still to come can use.
-    rate: dict[str, float] = {}
-    for group in order:
-        need = pending[group.id]
-        if need <= EPS:
-            continue
-        options = [
-            math.ceil(need / v.saturation_qps[group.id] - 1e-9) * price[v.id]
-            for v in eligible_for.get(group.id, [])
-        ]
-        lambda_price = problem.lambda_price(group)
-        if lambda_price is not None:
-            options.append(lambda_price * need)
-        rate[group.id] = min(options) / need if options else 0.0
-
-    def credit(variant: ScalingVariant, spare: float, current: str) -> float:
+    def credit(self, variant: ScalingVariant, spare: float, current: str) -> float:
         """What ``spare`` instances' worth of v saves groups still to come: their QPS it could
         take, at their stand-alone rate, best-paying first, each bit of spare used once."""
         saved = 0.0
+        rate, pending = self.rate, self.pending
         takers = [(rate[g], g, q) for g, q in variant.saturation_qps.items() if g != current and g in rate]
         for value, group_id, q in sorted(takers, reverse=True):
             if spare <= EPS:
@@ -269,74 +299,99 @@ def _greedy_pass(
             spare -= taken / q
         return saved
 
-    for group in order:
-        if deadline is not None:
-            deadline.check()
-        need = pending.pop(group.id)
+    def serve_group(self, group: ScalingGroup, deadline: Deadline | None) -> None:
+        """Serve ``group``: spare capacity first, then new instances, then Lambda; the rest unmet."""
+        need = self.pending.pop(group.id)
         if need <= EPS:
-            continue
-        eligible = eligible_for.get(group.id, [])
-
+            return
+        eligible = self.eligible_for.get(group.id, [])
         # Spare capacity first: instances placed for earlier groups, time-shared.
         for variant in sorted(eligible, key=lambda v: -v.saturation_qps[group.id]):
-            spare = count[variant.id] - used[variant.id]
+            spare = self.count[variant.id] - self.used[variant.id]
             if spare > EPS and need > EPS:
-                need -= serve(variant, group, min(spare, need / variant.saturation_qps[group.id]))
+                need -= self.serve(variant, group, min(spare, need / variant.saturation_qps[group.id]))
+        lambda_price = self.problem.lambda_price(group)
+        seconds = self.lambda_seconds(group)
+        need = self._add_instances(group, need, eligible, lambda_price, seconds, deadline)
+        if need > EPS and lambda_price is not None:
+            taken = need if seconds <= 0 else min(need, max(0.0, self.lambda_room) / seconds)
+            if taken > EPS:
+                self.lambda_qps[group.id] = taken
+                self.lambda_room -= taken * seconds
+                need -= taken
+        if need > EPS:
+            self.unmet_qps[group.id] = need
 
-        lambda_price = problem.lambda_price(group)
-        seconds = lambda_seconds(group)
+    def _add_instances(
+        self,
+        group: ScalingGroup,
+        need: float,
+        eligible: Sequence[ScalingVariant],
+        lambda_price: float | None,
+        seconds: float,
+        deadline: Deadline | None,
+    ) -> float:
+        """Instances for ``group``, one at a time, while some pool can take one and Lambda is not
+        cheaper; returns the need left."""
         while need > EPS:
             if deadline is not None:
                 deadline.check()
-            candidates = [v for v in eligible if pools[v.pool].can_add(v)]
+            candidates = [v for v in eligible if self.pools[v.pool].can_add(v)]
             if not candidates:
                 break
-            costs = {v.id: unit_cost(v) for v in candidates}
+            choice = self._next_instance(group, need, candidates, lambda_price, seconds)
+            if choice is None:
+                break  # Lambda is cheaper: it takes the rest
+            self.pools[choice.pool].add(choice)
+            self.count[choice.id] += 1
+            self.placed[choice.id] = choice
+            need -= self.serve(choice, group, min(1.0, need / choice.saturation_qps[group.id]))
+        return need
 
-            def per_qps(v: ScalingVariant) -> tuple[float, float, str]:
-                q = v.saturation_qps[group.id]  # noqa: B023 (used within this iteration only)
-                return costs[v.id] / q, -q, v.id  # noqa: B023
+    def _next_instance(
+        self,
+        group: ScalingGroup,
+        need: float,
+        candidates: Sequence[ScalingVariant],
+        lambda_price: float | None,
+        seconds: float,
+    ) -> ScalingVariant | None:
+        """The variant of the next instance for ``group`` (module docstring, 3.), or None where
+        Lambda is cheaper than any."""
+        costs = {v.id: self.unit_cost(v) for v in candidates}
 
-            best = min(candidates, key=per_qps)
-            if need >= best.saturation_qps[group.id]:
-                fits = need * seconds <= lambda_room + 1e-12
-                if lambda_price is not None and fits and lambda_price <= per_qps(best)[0]:
-                    break  # Lambda is cheaper per query than any instance: it takes the rest
-                choice = best
-            else:
+        def per_qps(v: ScalingVariant) -> tuple[float, float, str]:
+            q = v.saturation_qps[group.id]
+            return costs[v.id] / q, -q, v.id
 
-                def cover(v: ScalingVariant) -> tuple[float, float, str]:
-                    # Cheapest cover of the remainder, less what its leftover capacity saves the
-                    # groups still to come (one instance serving a tight and a lax group beats
-                    # one for each), then the fastest.
-                    q = v.saturation_qps[group.id]  # noqa: B023
-                    instances = math.ceil(need / q - 1e-9)  # noqa: B023
-                    saved = credit(v, instances - need / q, group.id)  # noqa: B023
-                    return instances * costs[v.id] - saved, -q, v.id  # noqa: B023
+        fits = need * seconds <= self.lambda_room + 1e-12  # Lambda's concurrency takes the rest
+        best = min(candidates, key=per_qps)
+        if need >= best.saturation_qps[group.id]:
+            if lambda_price is not None and fits and lambda_price <= per_qps(best)[0]:
+                return None  # Lambda is cheaper per query than any instance: it takes the rest
+            return best
 
-                choice = min(candidates, key=cover)
-                fits = need * seconds <= lambda_room + 1e-12
-                if lambda_price is not None and fits and lambda_price * need <= cover(choice)[0]:
-                    break
-            pools[choice.pool].add(choice)
-            count[choice.id] += 1
-            placed[choice.id] = choice
-            need -= serve(choice, group, min(1.0, need / choice.saturation_qps[group.id]))
+        def cover(v: ScalingVariant) -> tuple[float, float, str]:
+            # Cheapest cover of the remainder, less what its leftover capacity saves the groups
+            # still to come (one instance serving a tight and a lax group beats one for each),
+            # then the fastest.
+            q = v.saturation_qps[group.id]
+            instances = math.ceil(need / q - 1e-9)
+            saved = self.credit(v, instances - need / q, group.id)
+            return instances * costs[v.id] - saved, -q, v.id
 
-        if need > EPS and lambda_price is not None:
-            taken = need if seconds <= 0 else min(need, max(0.0, lambda_room) / seconds)
-            if taken > EPS:
-                lambda_qps[group.id] = taken
-                lambda_room -= taken * seconds
-                need -= taken
-        if need > EPS:
-            unmet_qps[group.id] = need
+        choice = min(candidates, key=cover)
+        if lambda_price is not None and fits and lambda_price * need <= cover(choice)[0]:
+            return None
+        return choice
 
-    instances = {(v.id, v.pool): count[v.id] for v in placed.values()}  # not a scan of every variant
-    workers = {name: pool.workers() for name, pool in pools.items()}
-    status = PlanStatus.INFEASIBLE_PARTIAL if unmet_qps else PlanStatus.FEASIBLE
-    started = time.perf_counter()
-    return finish_plan(
-        problem, instances, workers, lambda_qps, served, unmet_qps, SOLVER, status, started, (), None,
-        bridge=False,
-    )  # fmt: skip
+    def plan(self) -> ScalingPlan:
+        """The pass's plan, read off the counts (not a scan of every variant), without a bridge."""
+        instances = {(v.id, v.pool): self.count[v.id] for v in self.placed.values()}
+        workers = {name: pool.workers() for name, pool in self.pools.items()}
+        status = PlanStatus.INFEASIBLE_PARTIAL if self.unmet_qps else PlanStatus.FEASIBLE
+        started = time.perf_counter()
+        return finish_plan(
+            self.problem, instances, workers, self.lambda_qps, self.served, self.unmet_qps, SOLVER, status,
+            started, (), None, bridge=False,
+        )  # fmt: skip

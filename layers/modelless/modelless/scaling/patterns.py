@@ -23,7 +23,7 @@ from scipy.optimize import linprog
 from scipy.sparse import coo_array
 
 from modelless.scaling.deadline import CHECK_EVERY, Deadline
-from modelless.scaling.problem import EPS, ScalingProblem
+from modelless.scaling.problem import EPS, PACKING_KS, ScalingProblem, packing_shares
 
 MOST_SETS = 5000  # a component with more ways to pick its instances gets its block instead
 MOST_PRICED_SETS = 50000  # the same, where duals rule most of them out before their split
@@ -640,28 +640,6 @@ def extend(
 
 
 # ----------------------------------------------------------------------------- dominance
-
-
-def packing_share(share: float, k: int) -> float:
-    """Fekete and Schepers' dual feasible function u^(k) of an item's share of a worker: items
-    that fit one worker together have u^(k) shares adding up to at most 1, so ``Σ u^(k)(share)·n
-    <= w`` holds for every plan that packs (a valid row, tighter than the fluid ``Σ share·n <= w``
-    for items above 1/(k+1) of a worker: with k = 1, two items over half a worker need two)."""
-    scaled = (k + 1) * share
-    whole = round(scaled)
-    if abs(scaled - whole) <= 1e-9:
-        return share
-    return math.floor(scaled) / k
-
-
-PACKING_KS = (1, 2, 3)
-
-
-def packing_shares(shares: Any, k: int) -> Any:
-    """:func:`packing_share` of every entry of an array of shares."""
-    scaled = (k + 1) * shares
-    whole = np.abs(scaled - np.round(scaled)) <= 1e-9
-    return np.where(whole, shares, np.floor(scaled) / k)
 
 
 def _resource_keys(problem: ScalingProblem) -> list[tuple[int, str]]:

@@ -1,4 +1,4 @@
-"""The variant-mix program's inputs and answer (DESIGN §5, INFaaS §4.2.1), as plain values.
+"""The variant-mix program's inputs and answer (docs/ARCHITECTURE.md §5, INFaaS §4.2.1), as plain values.
 
 Everything here is a pure function of explicit inputs: the scaler gathers profiles, measured
 load and pool state, builds a :class:`ScalingProblem`, and hands it to
@@ -32,8 +32,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import cached_property
+from typing import Any
 
-from modelless.pools.catalog import PoolKind, PoolSpec
+import numpy as np
+
+from modelless.catalog import PoolKind, PoolSpec
 from modelless.types import VariantProfile
 
 VCPU = "vcpu"
@@ -315,7 +318,7 @@ def saturation_for_budget(profile: VariantProfile, budget_ms: float) -> float:
 
     A batch larger than one is used only where ``2 · p99(b) <= budget`` (the budget/2 rule): the
     workers' batcher never runs a batch longer than half the tightest budget it serves
-    (``modelless.batching``), so that a tight query arriving during a batch still makes it.
+    (``modelless.serving.batching``), so that a tight query arriving during a batch still makes it.
     A variant whose p99 alone fills the budget gets nothing: no load would meet it reliably.
     Returns 0 when nothing fits.
     """
@@ -572,6 +575,31 @@ def _fill(
         pieces.append(_Run(rest, run.room, run.held))
     runs[position : position + 1] = pieces
     return copies - full * each - part
+
+
+# The rows every packing satisfies (the exact solver's models and its patterns' dominance read them).
+
+
+def packing_share(share: float, k: int) -> float:
+    """Fekete and Schepers' dual feasible function u^(k) of an item's share of a worker: items
+    that fit one worker together have u^(k) shares adding up to at most 1, so ``Σ u^(k)(share)·n
+    <= w`` holds for every plan that packs (a valid row, tighter than the fluid ``Σ share·n <= w``
+    for items above 1/(k+1) of a worker: with k = 1, two items over half a worker need two)."""
+    scaled = (k + 1) * share
+    whole = round(scaled)
+    if abs(scaled - whole) <= 1e-9:
+        return share
+    return math.floor(scaled) / k
+
+
+PACKING_KS = (1, 2, 3)
+
+
+def packing_shares(shares: Any, k: int) -> Any:
+    """:func:`packing_share` of every entry of an array of shares."""
+    scaled = (k + 1) * shares
+    whole = np.abs(scaled - np.round(scaled)) <= 1e-9
+    return np.where(whole, shares, np.floor(scaled) / k)
 
 
 def plan_costs(

@@ -1,5 +1,5 @@
 """A small threaded HTTP server for worker processes (stdlib only: fast start-up). It speaks
-JSON, and binary frames (``modelless.wire``) to a caller that sends them: the gateway's
+JSON, and binary frames (``modelless.serving.wire``) to a caller that sends them: the gateway's
 invocations, whose tensors cross as raw bytes."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from modelless.exceptions import ModellessError
-from modelless.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
+from modelless.serving.wire import FRAMES_MEDIA_TYPE, decode_frames, encode_frames, to_json_message
 
 Route = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -7,7 +7,7 @@ and reports its live state to the metadata store every second.
 On an EC2 instance it binds every interface on a fixed port and reports the instance's private
 address: ``--host 0.0.0.0 --port 8500 --advertise-host 10.0.1.23``.
 
-Concurrent invocations of one variant are batched adaptively (``modelless.batching``, Clipper
+Concurrent invocations of one variant are batched adaptively (``modelless.serving.batching``, Clipper
 §4.3) within each query's remaining budget, the payload's ``deadline_ms``; ``--no-batching`` runs
 each invocation on its own, as it arrives.
 
@@ -43,14 +43,6 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
-from modelless.batching import (
-    DEFAULT_MAX_DELAY_S,
-    AimdController,
-    ModelFn,
-    VariantBatcher,
-    max_limit_for,
-    profile_estimate,
-)
 from modelless.exceptions import (
     BatcherClosedError,
     InstanceDrainingError,
@@ -59,17 +51,27 @@ from modelless.exceptions import (
     NotFoundError,
     first_line,
 )
-from modelless.monitoring import WorkerMonitor
 from modelless.outages import RepeatedFailures
-from modelless.pools.reporting import make_state_sink
 from modelless.repository import open_repository
-from modelless.runtime import LoadedVariant, VariantRuntime, inputs_of, npy_bytes, run_session
+from modelless.serving.batching import (
+    DEFAULT_MAX_DELAY_S,
+    AimdController,
+    BatchResult,
+    ModelFn,
+    VariantBatcher,
+    max_limit_for,
+    profile_estimate,
+)
+from modelless.serving.invocation import Invocation, Reply
+from modelless.serving.monitoring import WorkerMonitor
+from modelless.serving.runtime import LoadedVariant, VariantRuntime, run_session
 from modelless.tuning import POLICIES, make_policy
 from modelless.tuning.base import ParallelConfig, config_space
 from modelless.tuning.live import DEFAULT_MIN_QUERIES, DEFAULT_WINDOW_S, LiveTuner
 from modelless.types import VariantProfile
 from modelless.worker import DRAINED_REFUSAL_S, REPORT_TOKEN_ENV
 from modelless.worker.http import announce_ready, make_server, stop_gracefully_on_sigterm
+from modelless.worker.reporting import StateSink, make_state_sink
 
 logger = Logger(service="modelless-worker")
 
@@ -104,16 +106,6 @@ class TuningConfig:
     window_s: float = DEFAULT_WINDOW_S
     min_queries: int = DEFAULT_MIN_QUERIES
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
-
-
-def deadline_ms_of(payload: dict[str, Any], default_ms: float) -> float:
-    """The query's remaining latency budget (``deadline_ms``), as the dispatcher sent it."""
-    raw = payload.get("deadline_ms")
-    if raw is None:
-        return default_ms
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
-        raise InvalidInputError(f"deadline_ms must be a finite number of milliseconds, not {raw!r}")
-    return max(0.0, float(raw))
 
 
 class Worker:
@@ -207,111 +199,114 @@ class Worker:
         self._instances_changed.notify_all()
         self.state_changed.set()
 
-    def invoke(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def invoke(self, message: dict[str, Any]) -> dict[str, Any]:
+        """``POST /invoke``: the message decoded into its ``Invocation``, served, and its
+        ``Reply`` encoded back (``modelless.serving.invocation``)."""
         # The budget runs from the moment the request arrived: a load it waits for counts too.
         arrived = time.monotonic()
-        variant = VariantProfile.from_json(payload["variant"])
-        self._admit(variant.variant_id)
+        return self.serve(Invocation.from_message(message), arrived).to_message()
+
+    def serve(self, invocation: Invocation, arrived: float) -> Reply:
+        """Serve one invocation, admitted to its instance for as long as it runs. How it runs is
+        the worker's strategy, chosen once: on the runtime directly, or through the instance's
+        batcher (``_run_directly`` / ``_run_batched``)."""
+        variant_id = invocation.variant_id
+        self._admit(variant_id)
         try:
-            if payload.get("offline") is True:
-                return self._invoke_offline(variant, payload)
-            return self._invoke_online(variant, payload, arrived)
+            if invocation.offline:
+                return self._serve_offline(invocation)
+            return self._serve_online(invocation, arrived)
         finally:
-            self._leave(variant.variant_id)
+            self._leave(variant_id)
 
-    def _invoke_online(
-        self, variant: VariantProfile, payload: dict[str, Any], arrived: float
-    ) -> dict[str, Any]:
-        self.monitor.started(variant.variant_id)
+    def _serve_online(self, invocation: Invocation, arrived: float) -> Reply:
+        self.monitor.started(invocation.variant_id)
         try:
-            if self.batching is None:
-                result = self.runtime.handle_invocation(payload)  # loads on demand
-                self._show_if_loaded(variant)
-                monitored = (result["queue_ms"], result["inference_ms"])
-            else:
-                result, monitored = self._invoke_batched(variant, payload, arrived, self.batching)
+            reply, monitored = self._run(invocation, arrived)
         except Exception:
-            self.monitor.abandoned(variant.variant_id)
+            self.monitor.abandoned(invocation.variant_id)
             raise
-        self.monitor.finished(variant.variant_id, time.time(), result["batch"], *monitored)
-        return result
+        self.monitor.finished(invocation.variant_id, time.time(), reply.batch, *monitored)
+        return reply
 
-    def _invoke_offline(self, variant: VariantProfile, payload: dict[str, Any]) -> dict[str, Any]:
-        """Offline batch work (DESIGN §6): it runs in the instance's idle moments (the batcher's
+    def _serve_offline(self, invocation: Invocation) -> Reply:
+        """Offline batch work (docs/ARCHITECTURE.md §6): it runs in the instance's idle moments (the batcher's
         background lane: never batched with online queries, never ahead of one that is queued),
         and is recorded apart from them, so that the instance's online QPS, latency and state,
         and what selection and the offline throttle read, stay about online traffic."""
-        # As the gateway sent it: the model's own dtype (a structured array for several inputs).
-        inputs = inputs_of(payload)
-        loaded, load_ms = self._ensure_loaded(variant)
         if self.batching is None:
-            result = self.runtime.infer(variant, inputs)  # under the instance's lock, as online runs are
-            outputs, queue_ms, inference_ms = result["outputs"], result["queue_ms"], result["inference_ms"]
+            reply = self.runtime.serve(invocation)  # under the instance's lock, as online runs are
+            self._show_if_loaded(invocation.variant)
         else:
-            try:
-                ran = self._batcher(loaded, self.batching).submit_background(inputs)
-            except BatcherClosedError:
-                loaded, reload_ms = self._ensure_loaded(variant)
-                load_ms += reload_ms
-                ran = self._batcher(loaded, self.batching).submit_background(inputs)
-            outputs, queue_ms, inference_ms = ran.outputs, ran.queue_ms, ran.inference_ms
-        self.monitor.finished_offline(time.time(), inference_ms)
-        return {
-            "outputs_npy": npy_bytes(outputs),
-            "batch": int(inputs.shape[0]),
-            "load_ms": load_ms,
-            "queue_ms": queue_ms,
-            "inference_ms": inference_ms,
-        }
+            reply = self._run_in_background(invocation, self.batching)
+        self.monitor.finished_offline(time.time(), reply.inference_ms)
+        return reply
 
-    def _invoke_batched(
-        self, variant: VariantProfile, payload: dict[str, Any], arrived: float, config: BatchingConfig
-    ) -> tuple[dict[str, Any], tuple[float, float]]:
-        """Serve one invocation through the variant's batcher: the reply, and the (queue_ms,
-        inference_ms) pair the monitor is to record for it."""
-        deadline = arrived + deadline_ms_of(payload, config.default_deadline_ms) / 1000.0
-        # As the gateway sent it: the model's own dtype (a structured array for several inputs).
-        inputs = inputs_of(payload)
+    def _run(self, invocation: Invocation, arrived: float) -> tuple[Reply, tuple[float, float]]:
+        """The reply, and the (queue_ms, inference_ms) pair the monitor is to record for it."""
+        if self.batching is None:
+            return self._run_directly(invocation)
+        return self._run_batched(invocation, arrived, self.batching)
+
+    def _run_directly(self, invocation: Invocation) -> tuple[Reply, tuple[float, float]]:
+        reply = self.runtime.serve(invocation)  # loads on demand
+        self._show_if_loaded(invocation.variant)
+        return reply, (reply.queue_ms, reply.inference_ms)
+
+    def _run_in_background(self, invocation: Invocation, config: BatchingConfig) -> Reply:
+        loaded, load_ms = self._ensure_loaded(invocation.variant)
+        try:
+            ran = self._batcher(loaded, config).submit_background(invocation.inputs)
+        except BatcherClosedError:
+            loaded, reload_ms = self._ensure_loaded(invocation.variant)
+            load_ms += reload_ms
+            ran = self._batcher(loaded, config).submit_background(invocation.inputs)
+        return Reply(ran.outputs, invocation.rows, load_ms, ran.queue_ms, ran.inference_ms)
+
+    def _run_batched(
+        self, invocation: Invocation, arrived: float, config: BatchingConfig
+    ) -> tuple[Reply, tuple[float, float]]:
+        """Through the variant's batcher, within what is left of the query's budget."""
+        budget_ms = config.default_deadline_ms if invocation.deadline_ms is None else invocation.deadline_ms
+        deadline = arrived + budget_ms / 1000.0
         # Loading happens here, in the caller's thread: a failed load fails this request alone,
         # never a batch, and its load time is reported to the request that paid it.
-        loaded, load_ms = self._ensure_loaded(variant)
+        loaded, load_ms = self._ensure_loaded(invocation.variant)
         arriving = self._tuner(loaded)
         if arriving is not None:
             arriving.record_arrival()  # the load level the tuner learns for
         for tries_left in range(SUBMIT_TRIES - 1, -1, -1):
             loaded, batcher = self._bound(loaded, config)
             try:
-                batched = batcher.submit(inputs, deadline)
+                batched = batcher.submit(invocation.inputs, deadline)
                 break
             except BatcherClosedError:
                 # Unloaded, or switched to another configuration, between our lookup and our
                 # submit: to the instance's current batcher (loading again on demand, as ever).
                 if tries_left == 0:
                     raise
-                loaded, reload_ms = self._ensure_loaded(variant)
+                loaded, reload_ms = self._ensure_loaded(invocation.variant)
                 load_ms += reload_ms
-        self.monitor.batching(variant.variant_id, batcher.current_limit)
+        self.monitor.batching(invocation.variant_id, batcher.current_limit)
+        self._record_for_tuning(loaded, batched, arrived, deadline)
+        reply = Reply(batched.outputs, batched.batch, load_ms, batched.queue_ms, batched.inference_ms)
+        # The monitor adds every request's inference time to the instance's busy time, so a
+        # batch's run is attributed to its first request only; the others report it as waiting
+        # (queue + inference is still each request's latency). Busy time stays true, and the
+        # first requests keep the real inference/profile ratio that Interfered is judged on.
+        if batched.position == 0:
+            return reply, (batched.queue_ms, batched.inference_ms)
+        return reply, (batched.queue_ms + batched.inference_ms, 0.0)
+
+    def _record_for_tuning(
+        self, loaded: LoadedVariant, batched: BatchResult, arrived: float, deadline: float
+    ) -> None:
         tuner = self._tuner(loaded)
         if tuner is not None:
             budget_ms = (deadline - arrived) * 1000.0
             tuner.record_query(loaded.config, (time.monotonic() - arrived) * 1000.0, budget_ms)
             if batched.position == 0:
                 tuner.record_run(loaded.config, batched.batch, batched.inference_ms)
-        # The monitor adds every request's inference time to the instance's busy time, so a
-        # batch's run is attributed to its first request only; the others report it as waiting
-        # (queue + inference is still each request's latency). Busy time stays true, and the
-        # first requests keep the real inference/profile ratio that Interfered is judged on.
-        if batched.position == 0:
-            monitored = (batched.queue_ms, batched.inference_ms)
-        else:
-            monitored = (batched.queue_ms + batched.inference_ms, 0.0)
-        return {
-            "outputs_npy": npy_bytes(batched.outputs),
-            "batch": batched.batch,
-            "load_ms": load_ms,
-            "queue_ms": batched.queue_ms,
-            "inference_ms": batched.inference_ms,
-        }, monitored
 
     def _batcher(self, loaded: LoadedVariant, config: BatchingConfig) -> VariantBatcher:
         return self._bound(loaded, config)[1]
@@ -567,7 +562,8 @@ def _port(raw: str) -> int:
     return port
 
 
-def main(argv: list[str] | None = None) -> None:
+def command_line() -> argparse.ArgumentParser:
+    """The worker's command line (``WorkerLaunch.argv`` writes it)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--worker-id", required=True)
     parser.add_argument("--pool", default="cpu")
@@ -608,6 +604,87 @@ def main(argv: list[str] | None = None) -> None:
         default=DEFAULT_MIN_QUERIES,
         help="queries a window needs before it is judged",
     )
+    return parser
+
+
+def worker_from(args: argparse.Namespace) -> Worker:
+    batching = None if args.no_batching else BatchingConfig(max_delay_s=args.batch_delay_ms / 1000)
+    tuning = (
+        None
+        if args.tune == "off"
+        else TuningConfig(args.tune, window_s=args.tune_window_s, min_queries=args.tune_min_queries)
+    )
+    return Worker(
+        args.worker_id,
+        args.pool,
+        args.slots,
+        args.repository,
+        Path(args.cache_dir),
+        batching=batching,
+        tuning=tuning,
+    )
+
+
+class Reporter:
+    """The worker's state reports: one at once, then every REPORT_PERIOD_S and at every change
+    of its instances (a load, a drain); a failed report (the gateway not up yet, a store
+    outage) is logged and retried next period, never fatal. ``stop`` ends them and withdraws the
+    last one, so that no record of this worker outlives it."""
+
+    def __init__(self, worker: Worker, sink: StateSink) -> None:
+        self._worker = worker
+        self._sink = sink
+        self.stopped = threading.Event()
+        self._failures = RepeatedFailures(
+            logger, "state report failed; retrying every period", "state reports resumed"
+        )
+        self._thread = threading.Thread(target=self._loop, name="monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._worker.state_changed.clear()
+            try:
+                self._sink.report(self._worker.monitor.snapshot(time.time()))
+                self._failures.succeeded()
+            except Exception as error:  # a store outage included: reporting resumes after it
+                self._failures.failed(error)
+            self._worker.state_changed.wait(REPORT_PERIOD_S)
+            if self.stopped.is_set():
+                return
+
+    def stop(self) -> None:
+        """Stop the reports and withdraw the last one (the loop has sent its last first). Best
+        effort: a store that does not answer lets the record go stale (WORKER_STALE_AFTER_S)."""
+        self.stopped.set()
+        self._worker.state_changed.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(WITHDRAW_WAIT_S)
+        try:
+            self._sink.withdraw(self._worker.monitor.worker_id)
+        except Exception as error:  # an outage: the record goes stale by itself
+            logger.warning("could not withdraw the worker's report", extra={"error": first_line(error)})
+
+
+def start_tuning(worker: Worker, stopped: threading.Event) -> None:
+    """Tune the worker's instances every TUNE_TICK_S until ``stopped`` (where it tunes at all)."""
+    if worker.tuning is None:
+        return
+
+    def tune_loop() -> None:
+        while not stopped.wait(TUNE_TICK_S):
+            try:
+                worker.tune_once(time.monotonic())
+            except Exception:  # tuning must never take the worker down
+                logger.exception("tuning tick failed")
+
+    threading.Thread(target=tune_loop, name="tuner", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = command_line()
     args = parser.parse_args(argv)
     if args.tune != "off" and args.no_batching:
         parser.error("--tune needs batching: it is the batcher that runs an instance's concurrent batches")
@@ -617,22 +694,7 @@ def main(argv: list[str] | None = None) -> None:
         advertised_host = advertise_host_for(args.host, args.advertise_host)
     except ValueError as error:
         parser.error(str(error))
-
-    batching = None if args.no_batching else BatchingConfig(max_delay_s=args.batch_delay_ms / 1000)
-    tuning = (
-        None
-        if args.tune == "off"
-        else TuningConfig(args.tune, window_s=args.tune_window_s, min_queries=args.tune_min_queries)
-    )
-    worker = Worker(
-        args.worker_id,
-        args.pool,
-        args.slots,
-        args.repository,
-        Path(args.cache_dir),
-        batching=batching,
-        tuning=tuning,
-    )
+    worker = worker_from(args)
     server = make_server(
         args.host,
         args.port,
@@ -649,61 +711,19 @@ def main(argv: list[str] | None = None) -> None:
     # Listening again on the bound socket only raises the backlog.
     server.socket.listen(LISTEN_BACKLOG)
     worker.monitor.address = http_address(advertised_host, server.server_address[1])
-    sink = make_state_sink(args.report_url, os.environ.get(REPORT_TOKEN_ENV, ""))
-    stop = threading.Event()
-    failures = RepeatedFailures(logger, "state report failed; retrying every period", "state reports resumed")
-
-    def report_loop() -> None:
-        # The first report goes out at once; the gateway it goes to may not be up yet, so a
-        # failed report is logged and retried on the next period, never fatal. A change of the
-        # instances (a load, a drain) is reported at once rather than up to a period later.
-        while True:
-            worker.state_changed.clear()
-            try:
-                sink.report(worker.monitor.snapshot(time.time()))
-                failures.succeeded()
-            except Exception as error:  # a store outage included: reporting resumes after it
-                failures.failed(error)
-            worker.state_changed.wait(REPORT_PERIOD_S)
-            if stop.is_set():
-                return
-
-    reporter = threading.Thread(target=report_loop, name="monitor", daemon=True)
-
-    def stop_reporting() -> None:
-        """Stop the reports, and withdraw the last one (the loop has sent its last first): no
-        record of this worker outlives it. Best effort: a store that does not answer lets the
-        record go stale by itself (WORKER_STALE_AFTER_S)."""
-        stop.set()
-        worker.state_changed.set()
-        if reporter.is_alive() and reporter is not threading.current_thread():
-            reporter.join(WITHDRAW_WAIT_S)
-        try:
-            sink.withdraw(args.worker_id)
-        except Exception as error:  # an outage: the record goes stale by itself
-            logger.warning("could not withdraw the worker's report", extra={"error": first_line(error)})
-
+    reporter = Reporter(worker, make_state_sink(args.report_url, os.environ.get(REPORT_TOKEN_ENV, "")))
     reporter.start()
-    if worker.tuning is not None:
-
-        def tune_loop() -> None:
-            while not stop.wait(TUNE_TICK_S):
-                try:
-                    worker.tune_once(time.monotonic())
-                except Exception:  # tuning must never take the worker down
-                    logger.exception("tuning tick failed")
-
-        threading.Thread(target=tune_loop, name="tuner", daemon=True).start()
+    start_tuning(worker, reporter.stopped)
     # A scale-down: stop reporting (so selection forgets us once the pool provider removes our
     # last report), finish what is in flight, then exit.
-    stop_gracefully_on_sigterm(server, before_drain=stop_reporting)
+    stop_gracefully_on_sigterm(server, before_drain=reporter.stop)
     announce_ready(server)
     logger.info("worker ready", extra={"worker_id": args.worker_id, "address": worker.monitor.address})
     try:
         server.serve_forever()
     finally:
-        if not stop.is_set():
-            stop_reporting()
+        if not reporter.stopped.is_set():
+            reporter.stop()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from modelless.api.openapi import AUTHENTICATED, error_responses
 from modelless.api.routers.operations import app_view, is_admin
 from modelless.api.services import Services
 from modelless.metadata.base import LOAD_RETENTION_S
-from modelless.offline.service import JobView
+from modelless.offline.views import JobView
 from modelless.query_load import QueryGroup
 from modelless.types import ModelRecord, VariantProfile, WorkerState
 

@@ -1,4 +1,4 @@
-"""GET /metrics: the gateway's Prometheus series (``modelless.prometheus``), for the admin key.
+"""GET /metrics: the gateway's Prometheus series (``modelless.observability.prometheus``), for the admin key.
 
 Behind the admin key, not open: the series name every app's models and variants. Prometheus
 sends it as a bearer token (``authorization: {credentials: <admin key>}`` in the scrape config;
@@ -11,10 +11,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from modelless import prometheus
 from modelless.api.dependencies import AdminDep
 from modelless.api.openapi import error_responses
 from modelless.exceptions import NotFoundError
+from modelless.observability import prometheus
 
 router = APIRouter(tags=["operations"])
 

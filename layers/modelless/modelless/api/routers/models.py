@@ -27,8 +27,8 @@ from modelless.exceptions import (
     PayloadTooLargeError,
     UnsupportedMediaTypeError,
 )
-from modelless.ingest import RegistrationSource, S3Uri
-from modelless.profile_import import import_profiles
+from modelless.registration.ingest import RegistrationSource, S3Uri
+from modelless.registration.profile_import import import_profiles
 from modelless.types import Registration
 from modelless.validation import NAME_SCHEMA, too_large
 

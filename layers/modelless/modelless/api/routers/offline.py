@@ -14,7 +14,8 @@ from modelless.api.schemas import JobReply, OfflineBuckets, OfflineQuery
 from modelless.api.services import Services
 from modelless.exceptions import InvalidInputError, InvalidJobError, NotFoundError, ServiceUnavailableError
 from modelless.offline.jobs import JobSpec, S3Path
-from modelless.offline.service import JobView, OfflineService
+from modelless.offline.service import OfflineService
+from modelless.offline.views import JobView
 from modelless.validation import check_name
 
 router = APIRouter(prefix="/v1", tags=["offline"])

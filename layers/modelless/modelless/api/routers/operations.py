@@ -22,8 +22,8 @@ from modelless.exceptions import (
     StoreUnavailableError,
     UnauthorizedError,
 )
-from modelless.pools.reporting import INTERNAL_STATE_PATH
 from modelless.types import InstanceStats, WorkerState
+from modelless.worker.reporting import INTERNAL_STATE_PATH
 
 router = APIRouter(tags=["operations"])
 
@@ -103,7 +103,7 @@ async def worker_state(request: Request, services: ServicesDep, _: AdminDep) -> 
 
 @router.delete(INTERNAL_STATE_PATH + "/{worker_id}", status_code=204, include_in_schema=False)
 def withdraw_worker_state(worker_id: str, services: ServicesDep, _: AdminDep) -> None:
-    """A worker that stops withdraws its report (``pools.reporting.GatewaySink``)."""
+    """A worker that stops withdraws its report (``worker.reporting.GatewaySink``)."""
     services.store.remove_worker(worker_id)
 
 

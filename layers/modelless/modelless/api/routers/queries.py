@@ -33,8 +33,8 @@ from modelless.api.schemas import (
 )
 from modelless.api.services import Services
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
-from modelless.inputs import BodyKind, binary_inputs, body_kind, query_inputs
-from modelless.observability import cache_stats_reporter, record_query
+from modelless.inputs.bodies import BodyKind, binary_inputs, body_kind, query_inputs
+from modelless.observability.metrics import cache_stats_reporter, record_query
 from modelless.tracing import APP, CACHE_HIT, COLD_START, MODEL, TIER, VARIANT, enabled, span
 from modelless.types import QueryTargets
 from modelless.validation import MAX_LATENCY_MS, NAME_SCHEMA, check_name

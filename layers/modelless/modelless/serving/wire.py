@@ -1,7 +1,8 @@
 """How an invocation travels: the gateway → worker hop in binary frames, Lambda events in JSON.
 
-An invocation (``modelless.runtime.invocation_payload``) and its reply are dicts whose arrays are
-``.npy`` bytes (``inputs_npy``, ``outputs_npy``). Two encodings carry them:
+An invocation and its reply (``modelless.serving.invocation``: ``Invocation.to_message``,
+``Reply.to_message``) are dicts whose arrays are ``.npy`` bytes (``inputs_npy``, ``outputs_npy``).
+Two encodings carry them:
 
 - **Frames**, between the gateway and a pool worker (media type ``FRAMES_MEDIA_TYPE``): a small
   JSON header with the dict's other fields and each bytes field's length, then the bytes
@@ -11,8 +12,8 @@ An invocation (``modelless.runtime.invocation_payload``) and its reply are dicts
 - **JSON**, where the transport admits nothing else (a Lambda event and its reply, or a person
   with curl): each bytes field ``name`` becomes ``name_b64``, its base64 text.
 
-Both directions of both encodings read the same dict back, so the dispatcher, the worker and the
-Lambda handler work on one shape, whichever way it came.
+Both directions of both encodings read the same dict back, which ``Invocation.from_message`` and
+``Reply.from_message`` decode, whichever way it came.
 """
 
 from __future__ import annotations

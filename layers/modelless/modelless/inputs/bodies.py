@@ -2,9 +2,9 @@
 
 A query's body is JSON (``inputs``: nested lists, or ``{inputName: nested lists}``), one ``.npy``
 array, an ``.npz`` with one array per input name, or a PNG/JPEG image that the model's
-preprocessing recipe turns into its input (``modelless.preprocessing``). Whatever the form, the
+preprocessing recipe turns into its input (``modelless.inputs.preprocessing``). Whatever the form, the
 result is checked against the model's inputs (``ModelRecord.input_specs``) and comes out as the
-batch every layer below carries (``modelless.tensors``): a plain array [batch, *shape] in the
+batch every layer below carries (``modelless.inputs.tensors``): a plain array [batch, *shape] in the
 input's dtype for a one-input model, a structured array [batch] for several inputs.
 
 Each refusal is a 4xx domain error that says what was wrong (``InvalidInputError``, or
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from modelless.archives import UNREADABLE, open_zip, read_npy, read_npz_member
 from modelless.exceptions import InvalidInputError, UnsupportedMediaTypeError, first_line
-from modelless.tensors import from_feeds, is_structured
+from modelless.inputs.archives import UNREADABLE, open_zip, read_npy, read_npz_member
+from modelless.inputs.tensors import from_feeds, is_structured
 from modelless.types import ModelRecord, TensorSpec
 
 
@@ -125,7 +125,7 @@ def query_inputs(raw: Any, model: ModelRecord, max_batch: int) -> np.ndarray:
 
 def npy_inputs(data: bytes, model: ModelRecord, max_batch: int) -> np.ndarray:
     """An ``.npy`` body: the batch of a one-input model (or, for several inputs, a structured
-    array with one field per input, as ``modelless.tensors`` lays batches out)."""
+    array with one field per input, as ``modelless.inputs.tensors`` lays batches out)."""
     if data.startswith(ZIP_MAGIC):
         return npz_inputs(data, model, max_batch)
     loaded = read_npy(data, "body")
@@ -194,7 +194,7 @@ def batch_bytes(spec: TensorSpec, max_batch: int) -> int:
 
 def image_inputs(data: bytes, model: ModelRecord, max_batch: int) -> np.ndarray:
     """A PNG or JPEG decoded with the model's preprocessing recipe into its one float input."""
-    from modelless.preprocessing import decode_image, parse_recipe
+    from modelless.inputs.preprocessing import decode_image, parse_recipe
 
     if model.preprocessing is None:
         raise UnsupportedMediaTypeError(

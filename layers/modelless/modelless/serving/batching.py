@@ -46,7 +46,7 @@ one queue; each takes the next batch as soon as it is free, so batches overlap o
 
 Deadlines are absolute times on ``time.monotonic()``'s clock (``deadline_after`` makes one).
 
-Offline batch work (DESIGN §6) has a lane of its own, ``submit_background``: the dispatch thread
+Offline batch work (docs/ARCHITECTURE.md §6) has a lane of its own, ``submit_background``: the dispatch thread
 runs a background request only when no online request is queued, alone (never batched with
 online queries) and outside the AIMD controller. An online query that arrives meanwhile waits for
 at most that one run, and the wait shows as queueing, not as a slower inference.

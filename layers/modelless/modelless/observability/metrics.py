@@ -11,7 +11,7 @@ from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
 from modelless.cache.predictions import CachedPredictions
 from modelless.dispatch import QueryResult
-from modelless.prometheus import record_query as record_prometheus_query
+from modelless.observability.prometheus import record_query as record_prometheus_query
 from modelless.types import Tier
 
 logger = Logger(service="gateway")

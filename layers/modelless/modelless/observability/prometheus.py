@@ -1,7 +1,7 @@
 """Prometheus metrics of the gateway and the scaler outside Lambda (the embedded stack), read at
 ``GET /metrics`` (``modelless.api.routers.metrics``; docs/OBSERVABILITY.md).
 
-They are recorded where the EMF metrics are (``modelless.observability.record_query``, once per
+They are recorded where the EMF metrics are (``modelless.observability.metrics.record_query``, once per
 query) and where the embedded stack's scaler ticks (``record_scaling``). In Lambda, CloudWatch's
 EMF metrics stand instead: prometheus-client is in the ``server`` extra, not in any Lambda package,
 and without it every function here does nothing.

@@ -13,13 +13,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from modelless.catalog import Placement, PoolKind, PoolSpec, lambda_threads
 from modelless.exceptions import InvalidInputError, NotFoundError, NotReadyError
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import Placement, PoolKind, PoolSpec, lambda_threads
+from modelless.registration.profiling import model_prefix, variant_id
 from modelless.repository.base import ModelRepository
 from modelless.types import VariantProfile
 from modelless.validation import MAX_LATENCY_MS, MIN_LATENCY_MS
-from modelless.variant_profiling import model_prefix, variant_id
 from variants.recipes import ACCURACY_METRICS, Recipe
 
 REQUIRED = ("recipe", "pool", "latency_p50_ms", "latency_p99_ms", "load_latency_ms", "accuracy", "hardware")
@@ -119,56 +119,17 @@ def _profile(
     index: int,
     entry: dict[str, Any],
 ) -> VariantProfile:
+    """One imported profile, checked field by field in the order a caller is told of the first
+    mistake: its shape, recipe and pool, the artifact it names, where it runs, its latencies,
+    accuracy and capacity, then the numbers it is stored with."""
     where = f"profile {index}"
-    if not isinstance(entry, Mapping):
-        raise InvalidInputError(f"{where} must be a JSON object; got {type(entry).__name__}")
-    missing = [name for name in REQUIRED if name not in entry]
-    if missing:
-        raise InvalidInputError(f"{where} lacks {missing}")
-    try:
-        recipe = Recipe.parse(_text(entry["recipe"], f"{where}: recipe"))
-    except ValueError as error:
-        raise InvalidInputError(f"{where}: {error}") from error
-    pool = pools.get(_text(entry["pool"], f"{where}: pool"))
-    if pool is None:
-        raise InvalidInputError(f"{where}: unknown pool {entry['pool']!r}; pools are {sorted(pools)}")
-    key = f"{model_prefix(app_id, model_name)}variants/{recipe.name}.onnx"
-    if not repository.exists(key):
-        raise InvalidInputError(f"{where}: the model has no {recipe.name} artifact to serve")
-    memory_mb = _count(entry.get("memory_mb", 0), f"{where}: memory_mb", MAX_LAMBDA_MEMORY_MB)
-    if pool.kind is PoolKind.LAMBDA:
-        if memory_mb <= 0:
-            raise InvalidInputError(f"{where}: a Lambda profile needs memory_mb")
-        if memory_mb < MIN_LAMBDA_MEMORY_MB:
-            raise InvalidInputError(
-                f"{where}: memory_mb must lie in [{MIN_LAMBDA_MEMORY_MB}, {MAX_LAMBDA_MEMORY_MB}] "
-                f"(Lambda's memory sizes); got {memory_mb}"
-            )
-        threads = lambda_threads(memory_mb)
-    else:
-        threads = _positive_int(entry.get("threads", 1), f"{where}: threads", MAX_THREADS)
-    placement = Placement(pool, threads, memory_mb)
-    p50 = _latency_table(entry["latency_p50_ms"], f"{where}: latency_p50_ms")
-    p99 = _latency_table(entry["latency_p99_ms"], f"{where}: latency_p99_ms")
-    if set(p50) != set(p99) or 1 not in p99:
-        raise InvalidInputError(f"{where}: p50 and p99 tables need the same batch sizes, batch 1 included")
-    if any(p50[n] > p99[n] for n in p50):
-        raise InvalidInputError(f"{where}: a median latency above its p99")
-    accuracy = _number(entry["accuracy"], f"{where}: accuracy", 0.0, 1.0)
-    metric = _text(entry.get("accuracy_metric", "top1"), f"{where}: accuracy_metric")
-    if metric not in ACCURACY_METRICS:
-        raise InvalidInputError(f"{where}: accuracy_metric must be one of {list(ACCURACY_METRICS)}")
-    measured_saturation = max(batch * 1000 / p50[batch] for batch in p50)
-    saturation = _number(
-        entry.get("saturation_qps", measured_saturation), f"{where}: saturation_qps", 0.0, MAX_SATURATION_QPS
-    )
-    best_batch = _count(
-        entry.get("max_useful_batch", max(p50)), f"{where}: max_useful_batch", MAX_PROFILE_BATCH
-    )
-    if best_batch not in p50:
-        raise InvalidInputError(
-            f"{where}: max_useful_batch must be one of the profiled batch sizes {sorted(p50)}"
-        )
+    _check_shape(entry, where)
+    recipe, pool = _recipe_and_pool(entry, pools, where)
+    key = _artifact_key(repository, app_id, model_name, recipe, where)
+    placement = _placement(entry, pool, where)
+    p50, p99 = _latency_tables(entry, where)
+    accuracy, metric = _accuracy(entry, where)
+    saturation, best_batch = _capacity(entry, p50, where)
     return VariantProfile(
         variant_id=variant_id(app_id, model_name, recipe.name, placement.name),
         app_id=app_id,
@@ -176,7 +137,7 @@ def _profile(
         pool=pool.name,
         precision=recipe.precision,
         opt_level=recipe.opt_level,
-        threads=threads,
+        threads=placement.threads,
         artifact_key=key,
         size_bytes=len(repository.get(key)),
         load_latency_ms=_number(entry["load_latency_ms"], f"{where}: load_latency_ms", 0.0, MAX_LATENCY_MS),
@@ -190,7 +151,7 @@ def _profile(
         request_price=pool.request_price,
         hardware=_text(entry["hardware"], f"{where}: hardware")[:200],
         measured_on_target=True,
-        memory_mb=memory_mb,
+        memory_mb=placement.memory_mb,
         saturation_qps=round(saturation, 1),
         max_useful_batch=best_batch,
         accuracy_metric=metric,
@@ -199,6 +160,94 @@ def _profile(
         ),
         imported=True,
     )
+
+
+def _check_shape(entry: Any, where: str) -> None:
+    """A JSON object with every required field (the API hands on whatever the body held)."""
+    if not isinstance(entry, Mapping):
+        raise InvalidInputError(f"{where} must be a JSON object; got {type(entry).__name__}")
+    missing = [name for name in REQUIRED if name not in entry]
+    if missing:
+        raise InvalidInputError(f"{where} lacks {missing}")
+
+
+def _recipe_and_pool(
+    entry: Mapping[str, Any], pools: Mapping[str, PoolSpec], where: str
+) -> tuple[Recipe, PoolSpec]:
+    """The recipe the profile names, and its pool, which must be one of this deployment's."""
+    try:
+        recipe = Recipe.parse(_text(entry["recipe"], f"{where}: recipe"))
+    except ValueError as error:
+        raise InvalidInputError(f"{where}: {error}") from error
+    pool = pools.get(_text(entry["pool"], f"{where}: pool"))
+    if pool is None:
+        raise InvalidInputError(f"{where}: unknown pool {entry['pool']!r}; pools are {sorted(pools)}")
+    return recipe, pool
+
+
+def _artifact_key(
+    repository: ModelRepository, app_id: str, model_name: str, recipe: Recipe, where: str
+) -> str:
+    """The model's generated artifact of ``recipe``: an imported profile serves only what exists."""
+    key = f"{model_prefix(app_id, model_name)}variants/{recipe.name}.onnx"
+    if not repository.exists(key):
+        raise InvalidInputError(f"{where}: the model has no {recipe.name} artifact to serve")
+    return key
+
+
+def _placement(entry: Mapping[str, Any], pool: PoolSpec, where: str) -> Placement:
+    """Where an instance runs: on Lambda its memory size (which sets its threads, as Lambda's
+    vCPUs follow memory); elsewhere its threads."""
+    memory_mb = _count(entry.get("memory_mb", 0), f"{where}: memory_mb", MAX_LAMBDA_MEMORY_MB)
+    if pool.kind is PoolKind.LAMBDA:
+        if memory_mb <= 0:
+            raise InvalidInputError(f"{where}: a Lambda profile needs memory_mb")
+        if memory_mb < MIN_LAMBDA_MEMORY_MB:
+            raise InvalidInputError(
+                f"{where}: memory_mb must lie in [{MIN_LAMBDA_MEMORY_MB}, {MAX_LAMBDA_MEMORY_MB}] "
+                f"(Lambda's memory sizes); got {memory_mb}"
+            )
+        threads = lambda_threads(memory_mb)
+    else:
+        threads = _positive_int(entry.get("threads", 1), f"{where}: threads", MAX_THREADS)
+    return Placement(pool, threads, memory_mb)
+
+
+def _latency_tables(entry: Mapping[str, Any], where: str) -> tuple[dict[int, float], dict[int, float]]:
+    """The p50 and p99 tables: the same batch sizes, batch 1 among them, no median above its p99."""
+    p50 = _latency_table(entry["latency_p50_ms"], f"{where}: latency_p50_ms")
+    p99 = _latency_table(entry["latency_p99_ms"], f"{where}: latency_p99_ms")
+    if set(p50) != set(p99) or 1 not in p99:
+        raise InvalidInputError(f"{where}: p50 and p99 tables need the same batch sizes, batch 1 included")
+    if any(p50[n] > p99[n] for n in p50):
+        raise InvalidInputError(f"{where}: a median latency above its p99")
+    return p50, p99
+
+
+def _accuracy(entry: Mapping[str, Any], where: str) -> tuple[float, str]:
+    """The accuracy and the metric it was measured with (top-1 unless stated)."""
+    accuracy = _number(entry["accuracy"], f"{where}: accuracy", 0.0, 1.0)
+    metric = _text(entry.get("accuracy_metric", "top1"), f"{where}: accuracy_metric")
+    if metric not in ACCURACY_METRICS:
+        raise InvalidInputError(f"{where}: accuracy_metric must be one of {list(ACCURACY_METRICS)}")
+    return accuracy, metric
+
+
+def _capacity(entry: Mapping[str, Any], p50: Mapping[int, float], where: str) -> tuple[float, int]:
+    """The saturation rate and the largest useful batch: as stated, else what the median table
+    implies (its best throughput, its largest batch size)."""
+    measured_saturation = max(batch * 1000 / p50[batch] for batch in p50)
+    saturation = _number(
+        entry.get("saturation_qps", measured_saturation), f"{where}: saturation_qps", 0.0, MAX_SATURATION_QPS
+    )
+    best_batch = _count(
+        entry.get("max_useful_batch", max(p50)), f"{where}: max_useful_batch", MAX_PROFILE_BATCH
+    )
+    if best_batch not in p50:
+        raise InvalidInputError(
+            f"{where}: max_useful_batch must be one of the profiled batch sizes {sorted(p50)}"
+        )
+    return saturation, best_batch
 
 
 def _text(value: Any, what: str) -> str:

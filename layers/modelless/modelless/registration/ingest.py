@@ -13,7 +13,7 @@ the batch dimension at the example's size. So a registration may send
 ``ingest`` makes one self-contained ``.onnx`` of it (weights loaded in, saved without external
 data; refused past protobuf's 2 GB), rewrites a batch dimension that every input and output fixes
 to a symbolic ``batch``, reads the signature (every input as a ``TensorSpec``), reads the
-validation set into its canonical form (within its unpacked limit, ``modelless.archives``), and
+validation set into its canonical form (within its unpacked limit, ``modelless.inputs.archives``), and
 test-runs the model with onnxruntime at batch 1 and batch 2 on the validation set's first
 examples where onnxruntime is installed (the AWS gateway leaves it out: the registrar test-runs
 it first there).
@@ -44,10 +44,10 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from modelless import exceptions
-from modelless.archives import UNREADABLE, npz_unpacked_bytes, open_zip
 from modelless.config import VALSET_UNPACK_FACTOR
 from modelless.exceptions import InvalidInputError, InvalidModelError, ModellessError, first_line
-from modelless.tensors import to_feeds
+from modelless.inputs.archives import UNREADABLE, npz_unpacked_bytes, open_zip
+from modelless.inputs.tensors import to_feeds
 from modelless.types import TensorSpec
 from modelless.validation import (
     MAX_MODEL_SETTING,
@@ -71,6 +71,8 @@ MAX_PROTOBUF_BYTES = 2 * 1024**3 - 1
 # Larger models (with their external data) or validation sets (unpacked) are ingested in a child
 # process; so is every model that is test-run (the run is bounded in time and memory there).
 IN_PROCESS_MAX_BYTES = 16 * 1024 * 1024
+# ``python -m`` this module ingests in a child process (``ingest_in_child``).
+INGEST_MODULE = __name__
 CHILD_TIMEOUT_S = 600
 # A test run (batch 1, then batch 2) is stopped past this: a graph that loops for ever is refused.
 TRIAL_RUN_TIMEOUT_S = 60.0
@@ -649,7 +651,7 @@ def ingest_memory_limit(request: IngestRequest) -> int:
 
 
 def ingest_in_child(request: IngestRequest, timeout_s: float = CHILD_TIMEOUT_S) -> IngestedModel:
-    """``ingest`` in a ``python -m modelless.ingest`` child process: its memory (several times
+    """``ingest`` in a ``python -m modelless.registration.ingest`` child process: its memory (several times
     the model's size while it is parsed, checked and test-run) goes back to the system with it,
     and it may use at most ``ingest_memory_limit`` (its address space, set by the child itself),
     for at most ``timeout_s``. Its domain errors are raised here again, as they were raised there."""
@@ -666,7 +668,7 @@ def ingest_in_child(request: IngestRequest, timeout_s: float = CHILD_TIMEOUT_S) 
     }
     try:
         completed = subprocess.run(
-            [sys.executable, "-m", "modelless.ingest", request.to_json(), str(answer), str(memory)],
+            [sys.executable, "-m", INGEST_MODULE, request.to_json(), str(answer), str(memory)],
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -703,7 +705,7 @@ def _error_from(error: dict[str, Any]) -> Exception:
 
 def main(argv: Sequence[str]) -> int:
     """The child's side of ``ingest_in_child``:
-    ``python -m modelless.ingest REQUEST_JSON ANSWER [MEMORY_BYTES]``."""
+    ``python -m modelless.registration.ingest REQUEST_JSON ANSWER [MEMORY_BYTES]``."""
     request_json, answer_path, *memory = argv
     answer = Path(answer_path)
     limit = int(memory[0]) if memory else 0

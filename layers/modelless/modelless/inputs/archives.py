@@ -9,7 +9,7 @@ limit first, and then reads through a bounded stream, so that a header that lies
 past the limit either: it reads exactly what the header declares, never more.
 
 Query bodies, validation sets, offline inputs and the validation examples a variant is profiled on
-all read ``.npz``/``.npy`` through here; model archives (``modelless.ingest``) open zips here.
+all read ``.npz``/``.npy`` through here; model archives (``modelless.registration.ingest``) open zips here.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ publish each variant the moment its own profile is done, then prune.
 
 Every step runs in a fresh child process (``python -m variants build|measure``), so that the
 memory a profile measures is the variant's own and nothing in the caller disturbs its timings.
-``modelless.registration`` hands a checked, stored model to ``build_and_profile``; this module
+``modelless.registration.service`` hands a checked, stored model to ``build_and_profile``; this module
 never sees an upload.
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 from aws_lambda_powertools import Logger
 
+from modelless.catalog import Placement, PoolSpec, placements
 from modelless.config import Settings
 from modelless.exceptions import first_line
 from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import Placement, PoolSpec, placements
 from modelless.repository.base import ModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
 from variants.pruning import SLACK_MS, prune_variants

@@ -1,35 +1,30 @@
 """onnxruntime inference of variants: the one code path used by pool workers, the Lambda tier
 (``functions/cpu_worker``) and the profiler.
 
-Payloads are the invocation contract: ``{"variant": <profile JSON string>, "inputs_npy": ...}``
-in, ``{"outputs_npy": ..., "inference_ms": ..., "load_ms": ..., "queue_ms": ...}`` out; each
-transport encodes the bytes fields its own way (``modelless.wire``: raw frames to a worker,
-base64 in a Lambda event). Arrays travel as ``.npy`` bytes, read with ``allow_pickle=False``:
-nothing is ever unpickled. A batch keeps its dtype end to end (int64 token ids stay int64); a
-model with several inputs gets a structured array, split into the session's feeds only at
-``session.run`` (``modelless.tensors``).
+``VariantRuntime.serve`` is the one place an ``Invocation`` (``modelless.serving.invocation``) is run into
+its ``Reply``: the Lambda tier calls it directly, a pool worker through its batcher when it
+batches (``modelless.worker.server``). A batch keeps its dtype end to end (int64 token ids stay
+int64); a model with several inputs gets a structured array, split into the session's feeds
+only at ``session.run`` (``modelless.inputs.tensors``).
 """
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from modelless.archives import read_npy
 from modelless.exceptions import InvalidInputError
+from modelless.inputs.tensors import from_feeds, to_feeds
 from modelless.repository.base import ModelRepository, fetch_to_cache
-from modelless.tensors import from_feeds, to_feeds
+from modelless.serving.invocation import Invocation, Reply
 from modelless.tuning.base import ParallelConfig
 from modelless.types import ModelRecord, VariantProfile
-from modelless.wire import binary_field
 
 if TYPE_CHECKING:
     # Imported where a session is made: the gateway and the offline function use this module's
@@ -37,47 +32,14 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
 
-def npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
-
-
-def inputs_of(message: Mapping[str, Any]) -> np.ndarray:
-    """An invocation's inputs, whether it came as frames (raw .npy) or as JSON (base64)."""
-    return read_npy(binary_field(message, "inputs_npy"), "inputs")
-
-
-def outputs_of(message: Mapping[str, Any]) -> np.ndarray:
-    """A reply's outputs, whether it came as frames (raw .npy) or as JSON (base64)."""
-    return read_npy(binary_field(message, "outputs_npy"), "outputs")
-
-
-def invocation_payload(
-    variant: VariantProfile, inputs: np.ndarray, correlation_id: str, deadline_ms: float | None = None
-) -> dict[str, Any]:
-    """The one request shape for a worker and for the Lambda tier (the cpu_worker event)."""
-    payload: dict[str, Any] = {
-        "variant_id": variant.variant_id,
-        "variant": variant.to_json(),
-        "memory_mb": variant.memory_mb,  # picks the Lambda function (memory size) to run it
-        "inputs_npy": npy_bytes(inputs),  # raw: modelless.wire encodes it per transport
-        "correlation_id": correlation_id,
-    }
-    if deadline_ms is not None:
-        # What is left of the query's latency budget: a batching worker never holds it longer.
-        payload["deadline_ms"] = deadline_ms
-    return payload
-
-
-def warmup_payload(variant: VariantProfile, contract: ModelRecord) -> dict[str, Any]:
+def warmup_invocation(variant: VariantProfile, contract: ModelRecord) -> Invocation:
     """A warm-up invocation of ``variant``: one row of zeros in its model's own input dtypes
     (``contract``: the model's record), so that the worker or container loads it."""
     zeros = from_feeds(
         {spec.name: np.zeros((1, *spec.shape), dtype=spec.dtype) for spec in contract.input_specs},
         contract.input_specs,
     )
-    return invocation_payload(variant, zeros, f"warmup-{uuid.uuid4().hex}")
+    return Invocation(variant, zeros, f"warmup-{uuid.uuid4().hex}")
 
 
 def make_session(model_path: Path | str, threads: int, inter_threads: int = 1) -> ort.InferenceSession:
@@ -206,26 +168,18 @@ class VariantRuntime:
     def unload(self, variant_id: str) -> bool:
         return self._loaded.pop(variant_id, None) is not None
 
-    def infer(self, variant: VariantProfile, inputs: np.ndarray) -> dict[str, Any]:
-        loaded, load_ms = self.ensure_loaded(variant)
+    def serve(self, invocation: Invocation) -> Reply:
+        """Run ``invocation`` (loading its variant on demand) under its instance's lock."""
+        loaded, load_ms = self.ensure_loaded(invocation.variant)
         queued = time.perf_counter()
         with loaded.lock:
             started = time.perf_counter()
-            outputs = run_session(loaded, inputs)
+            outputs = run_session(loaded, invocation.inputs)
             finished = time.perf_counter()
-        return {
-            "outputs": outputs,
-            "batch": int(inputs.shape[0]),
-            "load_ms": load_ms,
-            "queue_ms": (started - queued) * 1000,
-            "inference_ms": (finished - started) * 1000,
-        }
-
-    def handle_invocation(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Serve one invocation payload (the Lambda event and the worker's request body)."""
-        variant = VariantProfile.from_json(payload["variant"])
-        result = self.infer(variant, inputs_of(payload))
-        return {
-            "outputs_npy": npy_bytes(result.pop("outputs")),
-            **result,
-        }
+        return Reply(
+            outputs=outputs,
+            batch=invocation.rows,
+            load_ms=load_ms,
+            queue_ms=(started - queued) * 1000,
+            inference_ms=(finished - started) * 1000,
+        )

@@ -62,7 +62,7 @@ class WorkerMonitor:
         # Instances being drained (an unload waiting for the queries they hold): no longer
         # reported, so that selection stops choosing them, but still holding their slot.
         self._draining: set[str] = set()
-        # Offline batch runs (DESIGN §6), worker-wide: they count towards the worker's busy time
+        # Offline batch runs (docs/ARCHITECTURE.md §6), worker-wide: they count towards the worker's busy time
         # but never towards an instance's online QPS, latency or state.
         self._offline_runs: deque[_Run] = deque()
         self._lock = threading.Lock()

@@ -25,9 +25,12 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from modelless.catalog import PoolSpec
 from modelless.config import Settings, variable_name
 from modelless.exceptions import InvalidInputError, InvalidModelError, NotFoundError, ServiceUnavailableError
-from modelless.ingest import (
+from modelless.metadata.base import MetadataStore
+from modelless.registration.ingest import (
+    IngestedModel,
     IngestRequest,
     Limits,
     RegistrationSource,
@@ -37,12 +40,10 @@ from modelless.ingest import (
     needs_child,
     trial_run,
 )
-from modelless.metadata.base import MetadataStore
-from modelless.pools.catalog import PoolSpec
+from modelless.registration.profiling import Profiler, build_and_profile, model_prefix
 from modelless.repository.base import ModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, TensorSpec
 from modelless.validation import ModelSignature, check_name, load_valset
-from modelless.variant_profiling import Profiler, build_and_profile, model_prefix
 from variants.recipes import ACCURACY_METRICS
 
 logger = Logger(service="registrar", child=True)
@@ -137,15 +138,26 @@ class RegistrationService:
         preprocessing: Mapping[str, Any] | None = None,
     ) -> Registration:
         """Check a model and its validation set (files on this machine or s3:// objects; see
-        ``modelless.ingest``), store them, and queue the generation of its variants. Everything a
+        ``modelless.registration.ingest``), store them, and queue the generation of its variants. Everything a
         caller can get wrong is refused here, before anything is written."""
-        check_name("modelName", model_name)
-        if metric not in ACCURACY_METRICS:
-            raise InvalidInputError(f"metric {metric!r} is not one of {list(ACCURACY_METRICS)}")
-        if preprocessing is not None and not isinstance(preprocessing, Mapping):
-            raise InvalidInputError("preprocessing must be a JSON object (a recipe)", field="preprocessing")
+        _check_request(model_name, metric, preprocessing)
+        limits = self._limits()
+        with tempfile.TemporaryDirectory(prefix="modelless-ingest-") as tmp:
+            # The ingested files live in the temporary directory: stored before it goes.
+            ingested = self._ingest(source, Path(tmp), limits)
+            recipe = _parsed_recipe(preprocessing, ingested.signature)
+            self._check_same_inputs_as_the_app(app_id, ingested.signature)
+            registration, model = _new_records(app_id, model_name, ingested, recipe)
+            self._store_model(model, registration, ingested)
+        # A snapshot taken before the background part starts: it goes on updating its own record.
+        snapshot = Registration.from_json(registration.to_json())
+        self._start_background(model, registration, metric, correlation_id, tested=ingested.tested)
+        return snapshot
+
+    def _limits(self) -> Limits:
+        """The sizes a registration's files are held to, with the settings that name them."""
         settings = self._settings
-        limits = Limits(
+        return Limits(
             settings.max_model_bytes,
             settings.max_valset_bytes,
             variable_name(Settings, "max_model_bytes"),
@@ -154,91 +166,77 @@ class RegistrationService:
             variable_name(Settings, "max_valset_unpacked_bytes"),
             settings.max_ingest_memory_bytes,
         )
-        with tempfile.TemporaryDirectory(prefix="modelless-ingest-") as tmp:
-            work = Path(tmp)
-            model_data = source.model_data
-            request = IngestRequest(
-                model=self._local(source.model, work / "model-source", limits, "modelUri"),
-                valset=self._local(source.valset, work / "valset-source", limits, "valSetUri"),
-                work_dir=work / "ingest",
-                limits=limits,
-                model_data=None
-                if model_data is None
-                else self._local(model_data, work / "data", limits, "modelDataUri"),
-            )
-            # A large model is parsed, checked and test-run in a child process: the memory that
-            # takes (several times its size) must not stay with this process.
-            ingested = ingest_in_child(request) if needs_child(request) else ingest(request)
-            signature = ingested.signature
-            recipe = None
-            if preprocessing is not None:
-                from modelless.preprocessing import parse_recipe
 
-                recipe = parse_recipe(preprocessing, signature.inputs[0])
-            siblings = self._store.list_models(app_id)
-            if siblings and not _same_inputs(siblings[0].input_specs, list(signature.inputs)):
-                # Model-less queries may land on any of the app's models: they must take the same inputs.
-                raise InvalidModelError(
-                    f"app {app_id!r} serves inputs of shape {siblings[0].input_shape} "
-                    f"({_describe(siblings[0].input_specs)}); this model takes "
-                    f"{_describe(list(signature.inputs))}: every model of an app takes the same inputs",
-                    expected=siblings[0].input_shape,
-                )
-            prefix = model_prefix(app_id, model_name)
-            registration = Registration(
-                registration_id=uuid.uuid4().hex,
-                app_id=app_id,
-                model_name=model_name,
-                created_at=time.time(),
-                message="; ".join(["queued for variant generation", *ingested.notes]),
+    def _ingest(self, source: RegistrationSource, work: Path, limits: Limits) -> IngestedModel:
+        """The model and validation set on this machine (downloaded into ``work`` when they are
+        s3:// objects), parsed, checked and test-run where this process can."""
+        model_data = source.model_data
+        request = IngestRequest(
+            model=self._local(source.model, work / "model-source", limits, "modelUri"),
+            valset=self._local(source.valset, work / "valset-source", limits, "valSetUri"),
+            work_dir=work / "ingest",
+            limits=limits,
+            model_data=None
+            if model_data is None
+            else self._local(model_data, work / "data", limits, "modelDataUri"),
+        )
+        # A large model is parsed, checked and test-run in a child process: the memory that
+        # takes (several times its size) must not stay with this process.
+        return ingest_in_child(request) if needs_child(request) else ingest(request)
+
+    def _check_same_inputs_as_the_app(self, app_id: str, signature: ModelSignature) -> None:
+        """Model-less queries may land on any of the app's models: they must take the same inputs."""
+        siblings = self._store.list_models(app_id)
+        if siblings and not _same_inputs(siblings[0].input_specs, list(signature.inputs)):
+            raise InvalidModelError(
+                f"app {app_id!r} serves inputs of shape {siblings[0].input_shape} "
+                f"({_describe(siblings[0].input_specs)}); this model takes "
+                f"{_describe(list(signature.inputs))}: every model of an app takes the same inputs",
+                expected=siblings[0].input_shape,
             )
-            first = signature.inputs[0]
-            model = ModelRecord(
-                app_id=app_id,
-                model_name=model_name,
-                input_name=first.name,
-                input_shape=list(first.shape),
-                input_dtype=first.dtype,
-                num_classes=signature.num_classes,
-                registration_id=registration.registration_id,
-                artifact_key=f"{prefix}source.onnx",
-                inputs=list(signature.inputs),
-                preprocessing=recipe,
+
+    def _store_model(self, model: ModelRecord, registration: Registration, ingested: IngestedModel) -> None:
+        """The model's records, then its files; the records go again if a file cannot be stored."""
+        self._store.add_model(model, registration)  # ConflictError when the name is taken
+        try:
+            self._repository.put_file(model.artifact_key, ingested.model)
+            self._repository.put_file(
+                f"{model_prefix(model.app_id, model.model_name)}valset.npz", ingested.valset
             )
-            self._store.add_model(model, registration)  # ConflictError when the name is taken
-            try:
-                self._repository.put_file(model.artifact_key, ingested.model)
-                self._repository.put_file(f"{prefix}valset.npz", ingested.valset)
-            except Exception:
-                self._undo(model)
-                raise
-        # A snapshot taken before the background part starts: it goes on updating its own record.
-        snapshot = Registration.from_json(registration.to_json())
+        except Exception:
+            self._undo(model)
+            raise
+
+    def _start_background(
+        self, model: ModelRecord, registration: Registration, metric: str, correlation_id: str, tested: bool
+    ) -> None:
+        """Queue variant generation (after the test run this process could not do, when
+        ``tested`` is false): in a thread here, or handed to the registrar. A registration that
+        cannot be handed on leaves nothing behind and is a 503."""
         if self._launcher is None:
-            if ingested.tested:
+            if tested:
                 self._background.submit(self._generate_and_profile, model, registration, metric)
             else:
                 self._background.submit(self._test_run_then_generate, model, registration, metric)
-        else:
-            job = RegistrationJob(
-                registration.registration_id,
-                app_id,
-                model_name,
-                metric,
-                correlation_id,
-                test_run=not ingested.tested,
-            )
-            try:
-                self._launcher(job)
-            except Exception as error:
-                logger.exception("registration could not be handed to the registrar")
-                self._undo(model)
-                self._fail(registration, f"the registrar could not be started: {type(error).__name__}")
-                raise ServiceUnavailableError(
-                    "the registrar could not be started; nothing was kept, try again",
-                    registration_id=registration.registration_id,
-                ) from error
-        return snapshot
+            return
+        job = RegistrationJob(
+            registration.registration_id,
+            model.app_id,
+            model.model_name,
+            metric,
+            correlation_id,
+            test_run=not tested,
+        )
+        try:
+            self._launcher(job)
+        except Exception as error:
+            logger.exception("registration could not be handed to the registrar")
+            self._undo(model)
+            self._fail(registration, f"the registrar could not be started: {type(error).__name__}")
+            raise ServiceUnavailableError(
+                "the registrar could not be started; nothing was kept, try again",
+                registration_id=registration.registration_id,
+            ) from error
 
     def _local(self, source: Path | S3Uri, target: Path, limits: Limits, field: str) -> Path:
         """A registration file on this machine: a path as it is, an s3:// object downloaded
@@ -356,6 +354,54 @@ class RegistrationService:
 
     def close(self) -> None:
         self._background.shutdown(wait=False, cancel_futures=True)
+
+
+def _check_request(model_name: str, metric: str, preprocessing: Mapping[str, Any] | None) -> None:
+    """What a registration request can get wrong before its files are read."""
+    check_name("modelName", model_name)
+    if metric not in ACCURACY_METRICS:
+        raise InvalidInputError(f"metric {metric!r} is not one of {list(ACCURACY_METRICS)}")
+    if preprocessing is not None and not isinstance(preprocessing, Mapping):
+        raise InvalidInputError("preprocessing must be a JSON object (a recipe)", field="preprocessing")
+
+
+def _parsed_recipe(
+    preprocessing: Mapping[str, Any] | None, signature: ModelSignature
+) -> dict[str, Any] | None:
+    """The preprocessing recipe checked against the model's input, every key filled in."""
+    if preprocessing is None:
+        return None
+    from modelless.inputs.preprocessing import parse_recipe
+
+    return parse_recipe(preprocessing, signature.inputs[0])
+
+
+def _new_records(
+    app_id: str, model_name: str, ingested: IngestedModel, recipe: dict[str, Any] | None
+) -> tuple[Registration, ModelRecord]:
+    """The registration, queued, and the model's record (its artifact under the model's prefix)."""
+    signature = ingested.signature
+    registration = Registration(
+        registration_id=uuid.uuid4().hex,
+        app_id=app_id,
+        model_name=model_name,
+        created_at=time.time(),
+        message="; ".join(["queued for variant generation", *ingested.notes]),
+    )
+    first = signature.inputs[0]
+    model = ModelRecord(
+        app_id=app_id,
+        model_name=model_name,
+        input_name=first.name,
+        input_shape=list(first.shape),
+        input_dtype=first.dtype,
+        num_classes=signature.num_classes,
+        registration_id=registration.registration_id,
+        artifact_key=f"{model_prefix(app_id, model_name)}source.onnx",
+        inputs=list(signature.inputs),
+        preprocessing=recipe,
+    )
+    return registration, model
 
 
 def _same_inputs(served: list[TensorSpec], offered: list[TensorSpec]) -> bool:
