@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from modelless.config import STALE_CACHE_MAX_AGE_S
 from modelless.exceptions import StoreUnavailableError
-from modelless.metadata.base import MetadataStore
+from modelless.metadata.base import LiveStateStore
 from modelless.serving.monitoring import OVERLOADED_QUEUE, saturated_queue
 from modelless.types import InstanceState, InstanceStats, WorkerState
 
@@ -60,7 +60,7 @@ class _Snapshot:
 class LiveView:
     def __init__(
         self,
-        store: MetadataStore,
+        store: LiveStateStore,
         ttl_s: float = LIVE_STATE_TTL_S,
         extra_workers: Callable[[], list[WorkerState]] | None = None,
         stale_max_age_s: float = STALE_CACHE_MAX_AGE_S,

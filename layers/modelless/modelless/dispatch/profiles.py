@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from modelless.config import STALE_CACHE_MAX_AGE_S
 from modelless.exceptions import NotFoundError, StoreUnavailableError
-from modelless.metadata.base import MetadataStore
+from modelless.metadata.base import ModelStore
 from modelless.selection import Candidates
 from modelless.types import ModelRecord, QueryTargets
 
@@ -43,7 +43,7 @@ class _CacheEntry:
 
 class ProfileCache:
     def __init__(
-        self, store: MetadataStore, ttl_s: float = 60.0, stale_max_age_s: float = STALE_CACHE_MAX_AGE_S
+        self, store: ModelStore, ttl_s: float = 60.0, stale_max_age_s: float = STALE_CACHE_MAX_AGE_S
     ) -> None:
         """``stale_max_age_s``: how long after a read it may answer for the store while the store
         is unreachable."""

@@ -132,8 +132,9 @@ class OfflineJobStore(Protocol):
         """Let a finished job's per-input sets go after ``after_s`` (its record says the totals)."""
 
 
-class MetadataStore(OfflineJobStore, Protocol):
-    # --- apps and their API keys (only a hash of each key is kept) -----------------------------
+class AppStore(Protocol):
+    """Apps and their API keys (only a hash of each key is kept): what the key check reads."""
+
     def create_app(self, app_id: str, key_hash: str) -> None:
         """Create an app; raises ConflictError if it exists."""
 
@@ -144,7 +145,11 @@ class MetadataStore(OfflineJobStore, Protocol):
     def list_apps(self) -> list[str]:
         """Every app's id, sorted: what the admin's dashboard lists (never on a query's path)."""
 
-    # --- models and registrations ---------------------------------------------------------------
+
+class ModelStore(Protocol):
+    """Models, their registrations and their variants' profiles: what registration writes and
+    selection reads."""
+
     def add_model(self, model: ModelRecord, registration: Registration) -> None:
         """Atomically record a new model and its registration; ConflictError if the name is taken."""
 
@@ -176,7 +181,6 @@ class MetadataStore(OfflineJobStore, Protocol):
         """Unpublish variants (pruned at the end of their registration) and write the
         registration, atomically; bumps the app's profiles version. Unknown ids are ignored."""
 
-    # --- variant profiles -----------------------------------------------------------------------
     def list_variants(self, app_id: str, model_name: str | None = None) -> list[VariantProfile]: ...
 
     def candidate_variants(
@@ -187,7 +191,12 @@ class MetadataStore(OfflineJobStore, Protocol):
     def profiles_version(self, app_id: str) -> int:
         """A counter that changes whenever the app's variant profiles change."""
 
-    # --- query load per group (what the scaler provisions for) ----------------------------------
+
+
+class LiveStateStore(Protocol):
+    """What changes by the second: the query load per group (what the scaler provisions for), the
+    workers' live state, the scaler's lease and the plan it applied last."""
+
     def add_load(self, counts: dict[str, int], second: int, peaks: dict[str, int] | None = None) -> None:
         """Add query counts per group key to the given second (epoch seconds), and ``peaks``: per
         group key the most queries that arrived in one ``query_load.PEAK_SLICE_S`` slice. Peaks
@@ -204,7 +213,6 @@ class MetadataStore(OfflineJobStore, Protocol):
         """Per group key, its peak (``add_load``'s ``peaks``) in each of the last ``window_s``
         whole seconds, oldest first, as ``load_series`` gives the counts."""
 
-    # --- live worker state ----------------------------------------------------------------------
     def put_worker_state(self, state: WorkerState) -> None: ...
 
     def remove_worker(self, worker_id: str) -> None: ...
@@ -237,6 +245,12 @@ class MetadataStore(OfflineJobStore, Protocol):
 
     def scaling_plan(self) -> str | None:
         """The recorded plan; None before the first tick."""
+
+
+
+class MetadataStore(AppStore, ModelStore, LiveStateStore, OfflineJobStore, Protocol):
+    """Everything a deployment keeps, in one store (``memory`` or ``redis``); its parts are the
+    interfaces above, which a caller that needs one part asks for instead."""
 
     # --- idempotency keys: a retried request gets its first reply, and nothing runs twice -------
     def claim_request(

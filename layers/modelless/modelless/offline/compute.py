@@ -30,7 +30,7 @@ import numpy as np
 from modelless.catalog import PoolKind, PoolSpec
 from modelless.dispatch.live_view import FAILED_WORKER_HOLD_S
 from modelless.exceptions import ModellessError, NotFoundError, NotReadyError, TargetsUnreachableError
-from modelless.metadata.base import MetadataStore
+from modelless.metadata.base import ModelStore
 from modelless.offline.throttle import RUNNING, ThrottleConfig, ThrottleState, next_state
 from modelless.pools.invokers import WorkerInvoker
 from modelless.selection import InfaasPolicy, unreachable_error
@@ -67,7 +67,7 @@ class Compute(Protocol):
 
 
 def offline_candidates(
-    store: MetadataStore,
+    store: ModelStore,
     pools: Mapping[str, PoolSpec],
     app_id: str,
     min_accuracy: float,
@@ -82,7 +82,7 @@ def offline_candidates(
 
 
 def explain_no_candidates(
-    store: MetadataStore, app_id: str, min_accuracy: float, model_name: str | None
+    store: ModelStore, app_id: str, min_accuracy: float, model_name: str | None
 ) -> Exception:
     """Why an offline job has no variant: an unknown or unready model, or an accuracy no
     variant of a provisioned pool reaches (naming the closest, as online queries do)."""
@@ -119,7 +119,7 @@ def batch_rows(variant: VariantProfile, max_rows: int, run_ms: float) -> int:
 class WorkerCompute:
     def __init__(
         self,
-        store: MetadataStore,
+        store: ModelStore,
         pools: Mapping[str, PoolSpec],
         live_workers: Callable[[], Sequence[WorkerState]],
         invoker: WorkerInvoker,

@@ -26,7 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from aws_lambda_powertools import Logger
 
-from modelless.metadata.base import MetadataStore
+from modelless.metadata.base import ModelStore
 from modelless.pools.invokers import LambdaInvoker
 from modelless.scaling.warm_pool import within
 from modelless.serving.invocation import Invocation
@@ -52,7 +52,7 @@ class InvokingWarmPool:
     def __init__(
         self,
         invoker: LambdaInvoker,
-        store: MetadataStore,
+        store: ModelStore,
         refresh_s: float = KEEP_WARM_REFRESH_S,
         timeout_s: float = WARMUP_TIMEOUT_S,
         capacity: int | None = None,

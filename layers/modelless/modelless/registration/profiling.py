@@ -28,7 +28,7 @@ from aws_lambda_powertools import Logger
 from modelless.catalog import Placement, PoolSpec, placements
 from modelless.config import Settings
 from modelless.exceptions import first_line
-from modelless.metadata.base import MetadataStore
+from modelless.metadata.base import ModelStore
 from modelless.repository.base import ModelRepository
 from modelless.types import ModelRecord, Registration, RegistrationStatus, VariantProfile
 from variants.pruning import SLACK_MS, prune_variants
@@ -49,7 +49,7 @@ def variant_id(app_id: str, model_name: str, recipe: str, pool: str) -> str:
 class Profiler:
     """What profiling writes to and how it reports progress (the registration service's parts)."""
 
-    store: MetadataStore
+    store: ModelStore
     repository: ModelRepository
     settings: Settings
     pools: Mapping[str, PoolSpec]
