@@ -19,6 +19,7 @@ structured array (``modelless.inputs.tensors``).
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from collections.abc import Mapping
@@ -90,6 +91,13 @@ class Invocation:
         return int(self.inputs.shape[0])
 
     def to_message(self) -> dict[str, Any]:
+        """The message (a fresh dict each call: the caller may add transport fields)."""
+        return dict(self._message)
+
+    @functools.cached_property
+    def _message(self) -> dict[str, Any]:
+        # Encoded once per invocation: a retry, a warm-up round or a load generator sends the
+        # same invocation again without paying for its profile's JSON and its inputs' .npy again.
         message: dict[str, Any] = {
             "version": PROTOCOL_VERSION,
             "variant_id": self.variant.variant_id,
