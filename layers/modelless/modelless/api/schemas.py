@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from modelless.numbers import Accuracy, LatencyMs
 from modelless.registration.profile_import import PROFILE_SCHEMA
@@ -406,3 +407,12 @@ class CacheStatsReply(BaseModel):
     bytesUsed: int = Field(description="keys and values held, as the budget counts them")
     maxBytes: int = Field(description="MODELLESS_PREDICTION_CACHE_MAX_BYTES")
     evictions: int = Field(description="entries dropped, least recently used first, to stay within maxBytes")
+
+
+def request_error(error: ValidationError, where: str) -> RequestValidationError:
+    """A pydantic ``ValidationError`` of what a route parses itself (``where``: "body" or
+    "query") in the app's one 400 shape for a malformed request, as FastAPI's own checks give it
+    (``app._validation_error``)."""
+    return RequestValidationError(
+        [{**problem, "loc": (where, *problem["loc"])} for problem in error.errors(include_context=False)]
+    )

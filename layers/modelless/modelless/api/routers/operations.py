@@ -12,7 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from modelless.api.dependencies import AdminDep, KeyDep, ServicesDep
 from modelless.api.openapi import AUTHENTICATED, error_responses
-from modelless.api.schemas import CacheStatsReply
+from modelless.api.schemas import CacheStatsReply, request_error
 from modelless.api.services import Services
 from modelless.auth import check_admin
 from modelless.exceptions import (
@@ -112,18 +112,13 @@ _WORKER_REPORT = TypeAdapter(WorkerState)
 
 
 def parse_worker_report(body: bytes) -> WorkerState:
-    """A worker's state report, or a BadRequestError naming what is wrong with it (not JSON, a
-    field missing or of the wrong type, a number that is not finite); nothing is stored then."""
+    """A worker's state report, or a 400 naming what is wrong with it (not JSON, a field missing
+    or of the wrong type: the API's one shape for a malformed body; a number that is not
+    finite); nothing is stored then."""
     try:
         state = _WORKER_REPORT.validate_json(body, strict=True)
     except ValidationError as error:
-        problems = [
-            f"{'.'.join(str(part) for part in item['loc']) or 'body'}: {item['msg']}"
-            for item in error.errors(include_url=False)
-        ]
-        raise BadRequestError(
-            f"not a worker state report: {'; '.join(problems[:5])}", problems=problems
-        ) from error
+        raise request_error(error, "body") from None
     records: list[WorkerState | InstanceStats] = [state, *state.instances]
     for record in records:
         for item in fields(record):

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
@@ -30,6 +29,7 @@ from modelless.api.schemas import (
     QueryAccuracy,
     QueryLatencyMs,
     QueryReply,
+    request_error,
 )
 from modelless.api.services import Services
 from modelless.exceptions import InvalidInputError, PayloadTooLargeError
@@ -243,18 +243,11 @@ def _json_query(body: bytes, parameters: dict[str, str]) -> OnlineQuery:
     try:
         return OnlineQuery.model_validate_json(body)
     except ValidationError as error:
-        raise _request_error(error, "body") from None
+        raise request_error(error, "body") from None
 
 
 def _query_parameters(parameters: dict[str, str]) -> QueryParameters:
     try:
         return QueryParameters.model_validate(parameters)
     except ValidationError as error:
-        raise _request_error(error, "query") from None
-
-
-def _request_error(error: ValidationError, where: str) -> RequestValidationError:
-    """The app's one 400 shape for a malformed request, as FastAPI's own body checks give it."""
-    return RequestValidationError(
-        [{**problem, "loc": (where, *problem["loc"])} for problem in error.errors(include_context=False)]
-    )
+        raise request_error(error, "query") from None
